@@ -1,0 +1,300 @@
+//! The history checker: a log of every lock operation with monotonic times and tokens,
+//! and the checks run over it.
+//!
+//! A hold runs from the acknowledged acquire to the invoke of its release (or the lost
+//! signal, whichever comes first): the span in which the holder believes it holds a
+//! valid lease. The checker reports holds that overlap, tokens that do not strictly
+//! increase in grant order, and writes a [`FencedRegister`] accepted from a holder that
+//! a newer holder had already superseded.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlock_core::FencingToken;
+
+/// The operations the checker knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `acquire` / `try_acquire`.
+    Acquire,
+    /// `release`.
+    Release,
+    /// The lease's lost signal fired.
+    Lost,
+    /// A write to the protected resource.
+    Write,
+}
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Sent.
+    Invoke,
+    /// Acknowledged.
+    Ok,
+    /// Definitely failed.
+    Fail,
+    /// Outcome unknown (a timeout).
+    Unknown,
+}
+
+/// One entry of the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// Which worker did it.
+    pub process: usize,
+    /// What it did.
+    pub op: Op,
+    /// How far it got.
+    pub phase: Phase,
+    /// When, since the history began (monotonic clock).
+    pub at: Duration,
+    /// The fencing token involved, if any.
+    pub token: Option<FencingToken>,
+}
+
+/// A concurrent, append-only operation log.
+#[derive(Debug)]
+pub struct History {
+    start: Instant,
+    events: Mutex<Vec<Event>>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History { start: Instant::now(), events: Mutex::new(Vec::new()) }
+    }
+}
+
+/// One hold derived from the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldSpan {
+    /// The holder.
+    pub process: usize,
+    /// Its token.
+    pub token: FencingToken,
+    /// From the acquire's acknowledgement.
+    pub start: Duration,
+    /// To the release's invoke or the lost signal (`Duration::MAX` if neither came).
+    pub end: Duration,
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Holds found.
+    pub holds: usize,
+    /// Pairs of holds that overlap.
+    pub overlaps: Vec<(HoldSpan, HoldSpan)>,
+    /// Pairs of successive holds whose tokens did not strictly increase.
+    pub token_regressions: Vec<(HoldSpan, HoldSpan)>,
+    /// Writes accepted (at, token) after a holder with a higher token had been granted.
+    pub stale_writes: Vec<(Duration, FencingToken)>,
+}
+
+impl Report {
+    /// Whether nothing was found.
+    pub fn is_clean(&self) -> bool {
+        self.overlaps.is_empty() && self.token_regressions.is_empty() && self.stale_writes.is_empty()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} holds, {} overlapping, {} token regressions, {} stale writes accepted",
+            self.holds,
+            self.overlaps.len(),
+            self.token_regressions.len(),
+            self.stale_writes.len()
+        )?;
+        for (a, b) in self.overlaps.iter().take(5) {
+            write!(f, "\n  overlap: {a:?} and {b:?}")?;
+        }
+        for (a, b) in self.token_regressions.iter().take(5) {
+            write!(f, "\n  token regression: {a:?} then {b:?}")?;
+        }
+        Ok(())
+    }
+}
+
+impl History {
+    /// An empty history starting now.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Appends an event stamped with the current time.
+    pub fn record(&self, process: usize, op: Op, phase: Phase, token: Option<FencingToken>) {
+        let at = self.start.elapsed();
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(Event { process, op, phase, at, token });
+    }
+
+    /// A copy of every event so far, in recording order.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The holds the history shows, in grant order.
+    pub fn holds(&self) -> Vec<HoldSpan> {
+        let events = self.events();
+        let mut open: std::collections::HashMap<usize, HoldSpan> = std::collections::HashMap::new();
+        let mut holds = Vec::new();
+        for e in &events {
+            match (e.op, e.phase) {
+                (Op::Acquire, Phase::Ok) => {
+                    if let Some(token) = e.token {
+                        if let Some(prev) = open
+                            .insert(e.process, HoldSpan { process: e.process, token, start: e.at, end: Duration::MAX })
+                        {
+                            holds.push(prev);
+                        }
+                    }
+                }
+                (Op::Release, Phase::Invoke) | (Op::Lost, Phase::Ok) => {
+                    if let Some(mut hold) = open.remove(&e.process) {
+                        hold.end = e.at;
+                        holds.push(hold);
+                    }
+                }
+                _ => {}
+            }
+        }
+        holds.extend(open.into_values());
+        holds.sort_by_key(|h| h.start);
+        holds
+    }
+
+    /// Runs every check.
+    pub fn check(&self) -> Report {
+        let holds = self.holds();
+        let mut report = Report { holds: holds.len(), ..Report::default() };
+        let mut latest: Option<HoldSpan> = None;
+        for pair in holds.windows(2) {
+            if pair[1].token <= pair[0].token {
+                report.token_regressions.push((pair[0], pair[1]));
+            }
+        }
+        for hold in &holds {
+            if let Some(prev) = latest {
+                if hold.start < prev.end {
+                    report.overlaps.push((prev, *hold));
+                }
+                if hold.end > prev.end {
+                    latest = Some(*hold);
+                }
+            } else {
+                latest = Some(*hold);
+            }
+        }
+        for e in self.events() {
+            if let (Op::Write, Phase::Ok, Some(token)) = (e.op, e.phase, e.token) {
+                if holds.iter().any(|h| h.start <= e.at && h.token > token) {
+                    report.stale_writes.push((e.at, token));
+                }
+            }
+        }
+        report
+    }
+}
+
+/// A model of the resource a lock protects: it refuses any write carrying a token lower
+/// than the highest it has accepted, and records every write in a [`History`].
+#[derive(Debug)]
+pub struct FencedRegister {
+    history: Arc<History>,
+    state: Mutex<(Option<FencingToken>, u64)>,
+}
+
+/// A write the register refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaleToken {
+    /// The token the write carried.
+    pub offered: FencingToken,
+    /// The highest token accepted so far.
+    pub highest: FencingToken,
+}
+
+impl FencedRegister {
+    /// An empty register recording into `history`.
+    pub fn new(history: Arc<History>) -> Self {
+        FencedRegister { history, state: Mutex::new((None, 0)) }
+    }
+
+    /// Writes `value` if `token` is not lower than any token accepted before.
+    pub fn write(&self, process: usize, token: FencingToken, value: u64) -> Result<(), StaleToken> {
+        self.history.record(process, Op::Write, Phase::Invoke, Some(token));
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(highest) = state.0 {
+            if token < highest {
+                drop(state);
+                self.history.record(process, Op::Write, Phase::Fail, Some(token));
+                return Err(StaleToken { offered: token, highest });
+            }
+        }
+        *state = (Some(token), value);
+        drop(state);
+        self.history.record(process, Op::Write, Phase::Ok, Some(token));
+        Ok(())
+    }
+
+    /// The last value written.
+    pub fn value(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(n: u64) -> Option<FencingToken> {
+        Some(FencingToken::new(n))
+    }
+
+    #[test]
+    fn clean_history_is_clean() {
+        let h = History::new();
+        h.record(0, Op::Acquire, Phase::Ok, t(1));
+        h.record(0, Op::Release, Phase::Invoke, None);
+        h.record(1, Op::Acquire, Phase::Ok, t(2));
+        h.record(1, Op::Lost, Phase::Ok, None);
+        h.record(0, Op::Acquire, Phase::Ok, t(3));
+        let report = h.check();
+        assert_eq!(report.holds, 3);
+        assert!(report.is_clean(), "{report}");
+    }
+
+    #[test]
+    fn finds_overlaps_and_regressions() {
+        let h = History::new();
+        h.record(0, Op::Acquire, Phase::Ok, t(5));
+        h.record(1, Op::Acquire, Phase::Ok, t(4));
+        h.record(0, Op::Release, Phase::Invoke, None);
+        h.record(1, Op::Release, Phase::Invoke, None);
+        let report = h.check();
+        assert_eq!(report.overlaps.len(), 1);
+        assert_eq!(report.token_regressions.len(), 1);
+    }
+
+    #[test]
+    fn register_refuses_and_checker_sees_stale_writes() {
+        let h = History::new();
+        let reg = FencedRegister::new(h.clone());
+        h.record(0, Op::Acquire, Phase::Ok, t(1));
+        h.record(0, Op::Lost, Phase::Ok, None);
+        h.record(1, Op::Acquire, Phase::Ok, t(2));
+        reg.write(1, FencingToken::new(2), 7).unwrap();
+        assert_eq!(
+            reg.write(0, FencingToken::new(1), 8),
+            Err(StaleToken { offered: FencingToken::new(1), highest: FencingToken::new(2) })
+        );
+        assert_eq!(reg.value(), 7);
+        assert!(h.check().is_clean());
+        // A register that let the stale write through would be caught.
+        h.record(0, Op::Write, Phase::Ok, t(1));
+        assert_eq!(h.check().stale_writes.len(), 1);
+    }
+}

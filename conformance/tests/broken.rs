@@ -1,0 +1,193 @@
+//! The suite can fail: backends with one deliberate flaw each must fail the property
+//! that guards against it, while the sound backend passes it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use conformance::memory::MemoryFixture;
+use conformance::properties::{self, Case};
+use conformance::{FaultyClient, Fixture, Timing};
+use dlock_core::memory::{MemoryBackend, MemoryHold, MemoryStore, MemoryTicket};
+use dlock_core::{
+    Attempt, Backend, Capabilities, Client, ClientConfig, FencingToken, LockError, LockInfo, LockName, Locker, Release,
+    Renewal, Request,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flaw {
+    /// Release frees the lock whoever holds it.
+    ReleaseSkipsOwnerCheck,
+    /// Renew reports success without renewing.
+    NeverRenews,
+    /// Claims notification but only wakes at the timed fallback.
+    ClaimsNotifyButSleeps,
+    /// Hands out the same token every time.
+    ConstantToken,
+    /// Grants without checking for a holder.
+    NoExclusion,
+}
+
+struct Broken {
+    inner: MemoryBackend,
+    store: MemoryStore,
+    flaw: Flaw,
+}
+
+struct BrokenHold {
+    inner: MemoryHold,
+    name: LockName,
+}
+
+#[async_trait]
+impl Backend for Broken {
+    type Hold = BrokenHold;
+    type Ticket = MemoryTicket;
+
+    fn name(&self) -> &'static str {
+        "broken"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn attempt(
+        &self,
+        req: &Request,
+        ticket: &mut Option<MemoryTicket>,
+    ) -> Result<Attempt<BrokenHold>, LockError> {
+        if self.flaw == Flaw::NoExclusion {
+            self.store.evict(&req.name);
+        }
+        Ok(match self.inner.attempt(req, ticket).await? {
+            Attempt::Granted { hold, token } => {
+                let token = if self.flaw == Flaw::ConstantToken { FencingToken::new(1) } else { token };
+                Attempt::Granted { hold: BrokenHold { inner: hold, name: req.name.clone() }, token }
+            }
+            Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
+        })
+    }
+
+    async fn wait(&self, req: &Request, ticket: &mut Option<MemoryTicket>, until: Instant) -> Result<(), LockError> {
+        if self.flaw == Flaw::ClaimsNotifyButSleeps {
+            tokio::time::sleep_until(until.into()).await;
+            return Ok(());
+        }
+        self.inner.wait(req, ticket, until).await
+    }
+
+    async fn abandon(&self, req: &Request, ticket: MemoryTicket) {
+        self.inner.abandon(req, ticket).await
+    }
+
+    async fn renew(&self, hold: &BrokenHold, ttl: Duration) -> Result<Renewal, LockError> {
+        if self.flaw == Flaw::NeverRenews {
+            return Ok(Renewal::Renewed);
+        }
+        self.inner.renew(&hold.inner, ttl).await
+    }
+
+    async fn release(&self, hold: &BrokenHold) -> Result<Release, LockError> {
+        if self.flaw == Flaw::ReleaseSkipsOwnerCheck {
+            self.store.evict(&hold.name);
+            return Ok(Release::Released);
+        }
+        self.inner.release(&hold.inner).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
+        self.inner.inspect(name).await
+    }
+}
+
+struct BrokenFixture {
+    sound: MemoryFixture,
+    flaw: Flaw,
+}
+
+impl BrokenFixture {
+    fn client_of(&self, inner: MemoryBackend) -> Arc<dyn Locker> {
+        let backend = Broken { inner, store: self.sound.store().clone(), flaw: self.flaw };
+        Arc::new(Client::with_config(backend, ClientConfig { op_timeout: Duration::from_secs(1) }))
+    }
+}
+
+#[async_trait]
+impl Fixture for BrokenFixture {
+    fn timing(&self) -> Timing {
+        self.sound.timing()
+    }
+
+    async fn client(&self) -> Arc<dyn Locker> {
+        self.client_of(self.sound.store().backend())
+    }
+
+    async fn faulty_client(&self) -> FaultyClient {
+        let inner = self.sound.store().backend();
+        let link = inner.link();
+        FaultyClient { locker: self.client_of(inner), link: Box::new(link) }
+    }
+
+    async fn evict(&self, name: &LockName) {
+        self.sound.evict(name).await
+    }
+
+    async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
+        self.sound.unreachable_client(timeout).await
+    }
+
+    async fn stop_backend(&self) {
+        self.sound.stop_backend().await
+    }
+
+    async fn start_backend(&self) {
+        self.sound.start_backend().await
+    }
+}
+
+fn case(name: &str) -> Case {
+    properties::cases().into_iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no case {name}"))
+}
+
+/// Runs a case in its own task; true when it passed, false when it panicked.
+async fn passes(fixture: Box<dyn Fixture>, case: Case) -> bool {
+    let run = tokio::spawn(async move { (case.run)(&*fixture).await });
+    match run.await {
+        Ok(()) => true,
+        Err(e) if e.is_panic() => false,
+        Err(e) => panic!("case {} did not finish: {e}", case.name),
+    }
+}
+
+async fn assert_caught(flaw: Flaw, case_name: &str) {
+    let case = case(case_name);
+    assert!(passes(Box::new(MemoryFixture::new()), case).await, "the sound backend must pass {case_name}");
+    let broken = BrokenFixture { sound: MemoryFixture::new(), flaw };
+    assert!(!passes(Box::new(broken), case).await, "{case_name} did not catch a backend with {flaw:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_release_without_owner_check() {
+    assert_caught(Flaw::ReleaseSkipsOwnerCheck, "stale_lease_cannot_release_or_extend").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_watchdog_that_never_renews() {
+    assert_caught(Flaw::NeverRenews, "watchdog_keeps_lock").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_false_claim_of_notification() {
+    assert_caught(Flaw::ClaimsNotifyButSleeps, "waiter_wakes_on_release").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_tokens_that_do_not_increase() {
+    assert_caught(Flaw::ConstantToken, "tokens_increase_across_holders").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_missing_mutual_exclusion() {
+    assert_caught(Flaw::NoExclusion, "mutual_exclusion").await;
+}

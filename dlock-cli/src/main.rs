@@ -1,0 +1,2 @@
+//! The `dlock` command.
+fn main() {}

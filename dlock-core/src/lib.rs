@@ -1,0 +1,48 @@
+//! The dlock API, and the machinery every backend shares.
+//!
+//! A [`Locker`] hands out [`Lease`]s on named locks. Every lease carries a
+//! [`FencingToken`] that strictly increases over the successive holders of a name, knows
+//! how long it is certainly valid, and fires a lost signal when it stops being valid.
+//! Backends (Redis, ZooKeeper, etcd, SQL; [`memory`] in this crate) implement the small
+//! [`Backend`] trait; [`Client`] turns one into a `Locker` and supplies the wait loop,
+//! cancellation safety, operation timeouts, the renewal scheduler (one task per client,
+//! not per lease), the lost signal, tracing spans and statistics.
+//!
+//! ```
+//! use std::time::Duration;
+//! use dlock_core::{memory::MemoryStore, LockName, LockOptions, Locker};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), dlock_core::LockError> {
+//! let locker = MemoryStore::new().client();
+//! let name = LockName::new("orders/42")?;
+//! let opts = LockOptions::new().ttl(Duration::from_secs(10)).wait(Duration::from_secs(3));
+//!
+//! let lease = locker.acquire(&name, &opts).await?;
+//! // Give the token to the resource, which refuses writes with an older one.
+//! let token = lease.token();
+//! # let _ = token;
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod client;
+mod error;
+mod lease;
+mod locker;
+pub mod memory;
+mod name;
+mod options;
+mod renewal;
+mod stats;
+mod token;
+
+pub use backend::{Attempt, Backend, Release, Renewal, Request};
+pub use client::{Client, ClientConfig};
+pub use error::{BoxError, LockError, LostReason};
+pub use lease::{Lease, LeaseHandle, LostSignal};
+pub use locker::{with_lock, Capabilities, ClientStats, Holder, LockInfo, Locker, LockerExt};
+pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN};
+pub use options::{drift, Backoff, LeaseMode, LockOptions, DEFAULT_TTL, MAX_DURATION, MIN_TTL};
+pub use token::FencingToken;

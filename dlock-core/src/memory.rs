@@ -1,0 +1,371 @@
+//! An in-process backend: the model every other backend is checked against, and what
+//! users take for unit tests.
+//!
+//! A [`MemoryStore`] is the "server": shared state behind an `Arc`. Each
+//! [`MemoryStore::client`] is an independent client over it, with its own link that
+//! tests can cut or blackhole to play a network fault. It has every capability:
+//! fencing tokens from a per-name counter that survives release, re-entrancy by owner,
+//! strict FIFO grants with wake-up by notification (no polling), expiry by ttl, renewal.
+//!
+//! ```
+//! use std::time::Duration;
+//! use dlock_core::{memory::MemoryStore, LockName, LockOptions, Locker};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), dlock_core::LockError> {
+//! let store = MemoryStore::new();
+//! let (a, b) = (store.client(), store.client());
+//! let name = LockName::new("jobs/nightly")?;
+//! let held = a.acquire(&name, &LockOptions::new()).await?;
+//! assert!(b.try_acquire(&name, &LockOptions::new()).await?.is_none());
+//! held.release().await?;
+//! assert!(b.try_acquire(&name, &LockOptions::new()).await?.is_some());
+//! # Ok(()) }
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::backend::{Attempt, Backend, Release, Renewal, Request};
+use crate::client::{Client, ClientConfig};
+use crate::error::{LockError, LostReason};
+use crate::locker::{Capabilities, Holder, LockInfo};
+use crate::name::{LockName, OwnerId};
+use crate::token::FencingToken;
+
+/// A client of a [`MemoryStore`].
+pub type MemoryLocker = Client<MemoryBackend>;
+
+/// The shared state of the in-process backend; clone it to share it.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    locks: Mutex<HashMap<LockName, Slot>>,
+    down: AtomicBool,
+    next_ticket: AtomicU64,
+}
+
+#[derive(Default)]
+struct Slot {
+    holder: Option<Hold>,
+    /// The last token granted; it survives release so tokens never restart.
+    fence: u64,
+    queue: VecDeque<Waiter>,
+}
+
+struct Hold {
+    owner: OwnerId,
+    token: u64,
+    count: u32,
+    expires_at: Instant,
+}
+
+struct Waiter {
+    id: u64,
+    notify: Arc<Notify>,
+    /// A waiter that stops coming back (its client died) loses its place after this.
+    expires_at: Instant,
+}
+
+impl Slot {
+    /// Drops an expired hold and waiters that stopped refreshing their place.
+    fn tidy(&mut self, now: Instant) {
+        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
+            self.holder = None;
+        }
+        self.queue.retain(|w| w.expires_at > now);
+        if self.holder.is_none() {
+            self.wake_head();
+        }
+    }
+
+    fn wake_head(&self) {
+        if let Some(head) = self.queue.front() {
+            head.notify.notify_one();
+        }
+    }
+
+    fn holder_info(&self, now: Instant) -> Option<Holder> {
+        self.holder.as_ref().map(|h| Holder {
+            owner: h.owner.clone(),
+            token: FencingToken::new(h.token),
+            count: h.count,
+            remaining: Some(h.expires_at.saturating_duration_since(now)),
+        })
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A new independent client with the default [`ClientConfig`].
+    pub fn client(&self) -> MemoryLocker {
+        Client::new(self.backend())
+    }
+
+    /// A new independent client with the given settings.
+    pub fn client_with(&self, config: ClientConfig) -> MemoryLocker {
+        Client::with_config(self.backend(), config)
+    }
+
+    /// A new backend handle (one "connection") for building a [`Client`] by hand.
+    pub fn backend(&self) -> MemoryBackend {
+        MemoryBackend { shared: self.shared.clone(), link: Arc::new(AtomicU8::new(LINK_UP)) }
+    }
+
+    /// Deletes a lock's hold as an operator would, waking its first waiter. The fence
+    /// counter stays.
+    pub fn evict(&self, name: &LockName) {
+        let mut locks = self.shared.lock_state();
+        if let Some(slot) = locks.get_mut(name) {
+            slot.holder = None;
+            slot.wake_head();
+        }
+    }
+
+    /// Takes the whole store down (every call fails with `Unavailable`) or brings it back
+    /// with its state, like a server that restarts on persisted data.
+    pub fn set_available(&self, available: bool) {
+        self.shared.down.store(!available, Ordering::SeqCst);
+    }
+}
+
+impl Shared {
+    fn lock_state(&self) -> MutexGuard<'_, HashMap<LockName, Slot>> {
+        self.locks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+const LINK_UP: u8 = 0;
+const LINK_CUT: u8 = 1;
+const LINK_BLACKHOLE: u8 = 2;
+
+/// One client's connection to a [`MemoryStore`].
+pub struct MemoryBackend {
+    shared: Arc<Shared>,
+    link: Arc<AtomicU8>,
+}
+
+/// A switch on one [`MemoryBackend`]'s link, to play network faults in tests.
+#[derive(Clone)]
+pub struct MemoryLink {
+    link: Arc<AtomicU8>,
+}
+
+impl MemoryLink {
+    /// Every call fails at once with `Unavailable`, as on a refused connection.
+    pub fn cut(&self) {
+        self.link.store(LINK_CUT, Ordering::SeqCst);
+    }
+
+    /// Every call hangs (until the client's operation timeout), as when packets vanish.
+    pub fn blackhole(&self) {
+        self.link.store(LINK_BLACKHOLE, Ordering::SeqCst);
+    }
+
+    /// The link works again.
+    pub fn restore(&self) {
+        self.link.store(LINK_UP, Ordering::SeqCst);
+    }
+}
+
+impl MemoryBackend {
+    /// The switch on this backend's link.
+    pub fn link(&self) -> MemoryLink {
+        MemoryLink { link: self.link.clone() }
+    }
+
+    /// Fails or hangs as the link and the store's availability say.
+    async fn reach(&self) -> Result<(), LockError> {
+        match self.link.load(Ordering::SeqCst) {
+            LINK_CUT => return Err(LockError::Unavailable("memory link is cut".into())),
+            LINK_BLACKHOLE => std::future::pending::<()>().await,
+            _ => {}
+        }
+        if self.shared.down.load(Ordering::SeqCst) {
+            return Err(LockError::Unavailable("memory store is down".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A granted hold of the memory backend.
+#[derive(Debug, Clone)]
+pub struct MemoryHold {
+    name: LockName,
+    owner: OwnerId,
+    token: u64,
+}
+
+/// A waiter's place in a lock's FIFO queue.
+#[derive(Debug)]
+pub struct MemoryTicket {
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    type Hold = MemoryHold;
+    type Ticket = MemoryTicket;
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+
+    async fn attempt(
+        &self,
+        req: &Request,
+        ticket: &mut Option<MemoryTicket>,
+    ) -> Result<Attempt<MemoryHold>, LockError> {
+        self.reach().await?;
+        let now = Instant::now();
+        let ttl = req.ttl();
+        let mut locks = self.shared.lock_state();
+        let slot = locks.entry(req.name.clone()).or_default();
+        slot.tidy(now);
+
+        if let Some(hold) = slot.holder.as_mut() {
+            if hold.owner == req.owner {
+                hold.count += 1;
+                // A re-entrant grant never shortens the existing hold.
+                hold.expires_at = hold.expires_at.max(now + ttl);
+                let token = hold.token;
+                drop_ticket(slot, ticket);
+                return Ok(Attempt::Granted {
+                    hold: MemoryHold { name: req.name.clone(), owner: req.owner.clone(), token },
+                    token: FencingToken::new(token),
+                });
+            }
+        }
+        // Our turn when nobody queues ahead of us (our own place may have lapsed if we
+        // were slow to come back; then an empty queue still means nobody is ahead).
+        let our_turn = slot.queue.front().is_none_or(|head| ticket.as_ref().is_some_and(|t| t.id == head.id));
+        if slot.holder.is_none() && our_turn {
+            slot.fence += 1;
+            let token = slot.fence;
+            slot.holder = Some(Hold { owner: req.owner.clone(), token, count: 1, expires_at: now + ttl });
+            drop_ticket(slot, ticket);
+            return Ok(Attempt::Granted {
+                hold: MemoryHold { name: req.name.clone(), owner: req.owner.clone(), token },
+                token: FencingToken::new(token),
+            });
+        }
+
+        // Busy: keep (or take) a place in the queue, refreshed on every attempt.
+        let place_expires = now + ttl;
+        match ticket {
+            Some(t) => match slot.queue.iter_mut().find(|w| w.id == t.id) {
+                Some(w) => w.expires_at = place_expires,
+                None => slot.queue.push_back(Waiter { id: t.id, notify: t.notify.clone(), expires_at: place_expires }),
+            },
+            None if req.blocking => {
+                let id = self.shared.next_ticket.fetch_add(1, Ordering::Relaxed);
+                let notify = Arc::new(Notify::new());
+                slot.queue.push_back(Waiter { id, notify: notify.clone(), expires_at: place_expires });
+                *ticket = Some(MemoryTicket { id, notify });
+            }
+            None => {}
+        }
+        let retry_after = match &slot.holder {
+            Some(h) => h.expires_at.saturating_duration_since(now),
+            // Free, but someone is ahead of us: they were woken; if they never come
+            // back, their place lapses by then.
+            None => slot.queue.front().map_or(Duration::ZERO, |w| w.expires_at.saturating_duration_since(now)),
+        };
+        Ok(Attempt::Busy { retry_after: Some(retry_after) })
+    }
+
+    async fn wait(&self, req: &Request, ticket: &mut Option<MemoryTicket>, until: Instant) -> Result<(), LockError> {
+        // Come back at least twice per ttl so our place in the queue does not lapse.
+        let until = until.min(Instant::now() + req.ttl() / 2);
+        match ticket {
+            Some(t) => {
+                let _ = tokio::time::timeout_at(until.into(), t.notify.notified()).await;
+            }
+            None => tokio::time::sleep_until(until.into()).await,
+        }
+        Ok(())
+    }
+
+    async fn abandon(&self, req: &Request, ticket: MemoryTicket) {
+        let mut locks = self.shared.lock_state();
+        if let Some(slot) = locks.get_mut(&req.name) {
+            let was_head = slot.queue.front().is_some_and(|w| w.id == ticket.id);
+            slot.queue.retain(|w| w.id != ticket.id);
+            if was_head && slot.holder.is_none() {
+                slot.wake_head();
+            }
+        }
+    }
+
+    async fn renew(&self, hold: &MemoryHold, ttl: Duration) -> Result<Renewal, LockError> {
+        self.reach().await?;
+        let now = Instant::now();
+        let mut locks = self.shared.lock_state();
+        let Some(slot) = locks.get_mut(&hold.name) else { return Ok(Renewal::Lost(LostReason::Expired)) };
+        slot.tidy(now);
+        Ok(match slot.holder.as_mut() {
+            Some(h) if h.owner == hold.owner && h.token == hold.token => {
+                h.expires_at = h.expires_at.max(now + ttl);
+                Renewal::Renewed
+            }
+            Some(_) => Renewal::Lost(LostReason::Stolen),
+            None => Renewal::Lost(LostReason::Expired),
+        })
+    }
+
+    async fn release(&self, hold: &MemoryHold) -> Result<Release, LockError> {
+        self.reach().await?;
+        let now = Instant::now();
+        let mut locks = self.shared.lock_state();
+        let Some(slot) = locks.get_mut(&hold.name) else { return Ok(Release::NotHeld) };
+        slot.tidy(now);
+        match slot.holder.as_mut() {
+            Some(h) if h.owner == hold.owner && h.token == hold.token => {
+                h.count -= 1;
+                if h.count == 0 {
+                    slot.holder = None;
+                    slot.wake_head();
+                }
+                Ok(Release::Released)
+            }
+            _ => Ok(Release::NotHeld),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
+        self.reach().await?;
+        let now = Instant::now();
+        let mut locks = self.shared.lock_state();
+        Ok(match locks.get_mut(name) {
+            Some(slot) => {
+                slot.tidy(now);
+                LockInfo { holder: slot.holder_info(now), waiters: Some(slot.queue.len()) }
+            }
+            None => LockInfo { holder: None, waiters: Some(0) },
+        })
+    }
+}
+
+fn drop_ticket(slot: &mut Slot, ticket: &mut Option<MemoryTicket>) {
+    if let Some(t) = ticket.take() {
+        slot.queue.retain(|w| w.id != t.id);
+    }
+}

@@ -1,0 +1,316 @@
+//! How to acquire a lock: lease mode, wait bound, maximum hold, retry backoff, owner.
+
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::name::OwnerId;
+
+/// The ttl used when none is given, as in Redisson.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// The shortest ttl accepted. Below it the clock drift allowance eats the lease.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The longest duration accepted anywhere in the options (365 days).
+///
+/// Larger values are rejected as `InvalidInput` rather than risking overflow in
+/// deadline arithmetic or in a backend's expiry command.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How a lease stays alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseMode {
+    /// The backend keeps the hold for `ttl` after each renewal, and the client renews it
+    /// every `ttl / 3` while the lease lives. A crashed holder frees the lock within `ttl`.
+    Watchdog {
+        /// How long the backend keeps the hold without a renewal.
+        ttl: Duration,
+    },
+    /// The hold lasts `ttl` and is never renewed (unless [`Lease::extend`](crate::Lease::extend)
+    /// is called). The lease's lost signal fires when it runs out.
+    Fixed(Duration),
+}
+
+impl LeaseMode {
+    /// The ttl of either mode.
+    pub fn ttl(&self) -> Duration {
+        match *self {
+            LeaseMode::Watchdog { ttl } | LeaseMode::Fixed(ttl) => ttl,
+        }
+    }
+
+    /// Whether the client renews the hold.
+    pub fn is_watchdog(&self) -> bool {
+        matches!(self, LeaseMode::Watchdog { .. })
+    }
+}
+
+impl Default for LeaseMode {
+    fn default() -> Self {
+        LeaseMode::Watchdog { ttl: DEFAULT_TTL }
+    }
+}
+
+/// Exponential backoff with jitter, for backends that must poll and for retries.
+///
+/// The n-th delay is drawn uniformly from `[d/2, d]` where `d = min(max, initial * 2^n)`,
+/// so that waiters that started together spread out.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::Backoff;
+///
+/// let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
+/// let d = backoff.delay(3);
+/// assert!(d >= Duration::from_millis(40) && d <= Duration::from_millis(80));
+/// assert!(backoff.delay(60) <= Duration::from_millis(200));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// A backoff starting at `initial` and doubling up to `max`.
+    pub const fn new(initial: Duration, max: Duration) -> Self {
+        Backoff { initial, max }
+    }
+
+    /// The first delay's upper bound.
+    pub fn initial(&self) -> Duration {
+        self.initial
+    }
+
+    /// The largest delay.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// The delay before retry number `attempt` (0-based), jittered.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.min(30)).unwrap_or(u32::MAX);
+        let ceiling = self.initial.saturating_mul(factor).min(self.max);
+        let half = ceiling / 2;
+        let jitter_nanos = fastrand::u64(0..=half.as_nanos().min(u64::MAX as u128) as u64);
+        half + Duration::from_nanos(jitter_nanos)
+    }
+
+    fn validate(&self) -> Result<(), LockError> {
+        if self.initial.is_zero() {
+            return Err(LockError::InvalidInput("backoff initial delay is zero".into()));
+        }
+        if self.max < self.initial {
+            return Err(LockError::InvalidInput("backoff max is below its initial delay".into()));
+        }
+        check_duration("backoff max", self.max)
+    }
+}
+
+impl Default for Backoff {
+    /// 10 ms doubling to 250 ms.
+    fn default() -> Self {
+        Backoff::new(Duration::from_millis(10), Duration::from_millis(250))
+    }
+}
+
+/// How to acquire a lock.
+///
+/// The default is a watchdog lease of 30 s renewed every 10 s, an unbounded wait,
+/// no maximum hold, a fresh owner for every acquire (so no re-entrancy), and no
+/// demand for fairness.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::{LockOptions, LeaseMode, OwnerId};
+///
+/// let opts = LockOptions::new()
+///     .ttl(Duration::from_secs(10))
+///     .wait(Duration::from_secs(2))
+///     .max_hold(Duration::from_secs(600))
+///     .owner(OwnerId::new("job-7")?);
+/// assert_eq!(opts.lease_mode(), LeaseMode::Watchdog { ttl: Duration::from_secs(10) });
+/// assert_eq!(opts.wait_bound(), Some(Duration::from_secs(2)));
+///
+/// let fixed = LockOptions::fixed(Duration::from_secs(5));
+/// assert_eq!(fixed.lease_mode(), LeaseMode::Fixed(Duration::from_secs(5)));
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockOptions {
+    mode: LeaseMode,
+    wait: Option<Duration>,
+    max_hold: Option<Duration>,
+    backoff: Backoff,
+    owner: Option<OwnerId>,
+    fair: bool,
+}
+
+impl LockOptions {
+    /// The defaults: a 30 s watchdog lease, wait without bound.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A watchdog lease with this ttl, renewed every `ttl / 3`.
+    pub fn watchdog(ttl: Duration) -> Self {
+        Self::new().mode(LeaseMode::Watchdog { ttl })
+    }
+
+    /// A fixed lease of this ttl that is never renewed.
+    pub fn fixed(ttl: Duration) -> Self {
+        Self::new().mode(LeaseMode::Fixed(ttl))
+    }
+
+    /// Sets the lease mode.
+    pub fn mode(mut self, mode: LeaseMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets the ttl, keeping the lease mode.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.mode = match self.mode {
+            LeaseMode::Watchdog { .. } => LeaseMode::Watchdog { ttl },
+            LeaseMode::Fixed(_) => LeaseMode::Fixed(ttl),
+        };
+        self
+    }
+
+    /// Bounds how long `acquire` may block before failing with `Timeout`.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Lets `acquire` block until it gets the lock (the default).
+    pub fn wait_forever(mut self) -> Self {
+        self.wait = None;
+        self
+    }
+
+    /// Stops the watchdog renewing after this long, so a hung holder cannot keep the
+    /// lock forever: the hold then ends at most one ttl later.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Sets the backoff used between polls (on backends that poll) and retries.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Acquires as this owner: acquiring a lock the owner already holds is re-entrant.
+    pub fn owner(mut self, owner: OwnerId) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Demands that waiters be granted the lock in the order they asked for it.
+    /// Backends that cannot promise it fail the acquire with `Unsupported`.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// The lease mode.
+    pub fn lease_mode(&self) -> LeaseMode {
+        self.mode
+    }
+
+    /// The lease ttl.
+    pub fn lease_ttl(&self) -> Duration {
+        self.mode.ttl()
+    }
+
+    /// The wait bound, `None` for unbounded.
+    pub fn wait_bound(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// The maximum hold, if any.
+    pub fn max_hold_bound(&self) -> Option<Duration> {
+        self.max_hold
+    }
+
+    /// The backoff.
+    pub fn retry_backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// The explicit owner, if any.
+    pub fn explicit_owner(&self) -> Option<&OwnerId> {
+        self.owner.as_ref()
+    }
+
+    /// Whether fairness was demanded.
+    pub fn is_fair(&self) -> bool {
+        self.fair
+    }
+
+    /// Checks every duration: a ttl of at least [`MIN_TTL`], nothing zero where zero makes
+    /// no sense, nothing above [`MAX_DURATION`].
+    pub fn validate(&self) -> Result<(), LockError> {
+        let ttl = self.mode.ttl();
+        if ttl < MIN_TTL {
+            return Err(LockError::InvalidInput(format!("ttl {ttl:?} is below the minimum of {MIN_TTL:?}")));
+        }
+        check_duration("ttl", ttl)?;
+        if let Some(wait) = self.wait {
+            check_duration("wait", wait)?;
+        }
+        if let Some(max_hold) = self.max_hold {
+            if max_hold.is_zero() {
+                return Err(LockError::InvalidInput("max_hold is zero".into()));
+            }
+            check_duration("max_hold", max_hold)?;
+        }
+        self.backoff.validate()
+    }
+}
+
+fn check_duration(what: &str, d: Duration) -> Result<(), LockError> {
+    if d > MAX_DURATION {
+        return Err(LockError::InvalidInput(format!("{what} {d:?} exceeds the maximum of 365 days")));
+    }
+    Ok(())
+}
+
+/// The clock-drift allowance subtracted from a lease's validity: 1% of the ttl plus 2 ms,
+/// as in the RedLock description.
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_absurd_durations() {
+        let bad = [
+            LockOptions::watchdog(Duration::ZERO),
+            LockOptions::fixed(Duration::from_millis(1)),
+            LockOptions::watchdog(Duration::from_millis(u64::MAX)),
+            LockOptions::new().wait(Duration::MAX),
+            LockOptions::new().max_hold(Duration::ZERO),
+            LockOptions::new().backoff(Backoff::new(Duration::ZERO, Duration::from_secs(1))),
+            LockOptions::new().backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(1))),
+        ];
+        for opts in bad {
+            assert!(matches!(opts.validate(), Err(LockError::InvalidInput(_))), "{opts:?}");
+        }
+        assert!(LockOptions::new().wait(Duration::ZERO).validate().is_ok());
+        assert!(LockOptions::new().validate().is_ok());
+    }
+
+    #[test]
+    fn backoff_never_overflows() {
+        let b = Backoff::new(Duration::from_secs(1), MAX_DURATION);
+        for n in [0, 1, 31, 32, 1000, u32::MAX] {
+            assert!(b.delay(n) <= MAX_DURATION);
+        }
+    }
+}

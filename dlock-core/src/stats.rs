@@ -1,0 +1,33 @@
+//! Per-client counters behind [`ClientStats`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::locker::ClientStats;
+
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) acquired: AtomicU64,
+    pub(crate) released: AtomicU64,
+    pub(crate) renewals: AtomicU64,
+    pub(crate) renewal_errors: AtomicU64,
+    pub(crate) lost: AtomicU64,
+    pub(crate) active: AtomicU64,
+    pub(crate) scheduled: AtomicU64,
+    pub(crate) waiting: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn snapshot(&self) -> ClientStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ClientStats {
+            acquired: get(&self.acquired),
+            released: get(&self.released),
+            renewals: get(&self.renewals),
+            renewal_errors: get(&self.renewal_errors),
+            lost: get(&self.lost),
+            active_leases: get(&self.active),
+            scheduled: get(&self.scheduled),
+            waiting: get(&self.waiting),
+        }
+    }
+}

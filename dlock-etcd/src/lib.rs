@@ -1,0 +1,1 @@
+//! etcd backend for dlock (in progress).

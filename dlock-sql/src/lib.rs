@@ -1,0 +1,1 @@
+//! SQL backends for dlock: PostgreSQL, MySQL/MariaDB, SQLite (in progress).
