@@ -27,7 +27,9 @@
 //! ```
 
 mod backend;
+mod baseline;
 mod client;
+mod connect;
 mod error;
 mod lease;
 mod locker;
@@ -39,7 +41,9 @@ mod stats;
 mod token;
 
 pub use backend::{Attempt, Backend, Release, Renewal, Request};
+pub use baseline::RawBaseline;
 pub use client::{Client, ClientConfig};
+pub use connect::{parse_duration, percent_decode, ConnectOptions};
 pub use error::{BoxError, LockError, LostReason};
 pub use lease::{Lease, LeaseHandle, LostSignal};
 pub use locker::{with_lock, Capabilities, ClientStats, Holder, LockInfo, Locker, LockerExt};

@@ -32,6 +32,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::backend::{Attempt, Backend, Release, Renewal, Request};
+use crate::baseline::RawBaseline;
 use crate::client::{Client, ClientConfig};
 use crate::error::{LockError, LostReason};
 use crate::locker::{Capabilities, Holder, LockInfo};
@@ -133,6 +134,12 @@ impl MemoryStore {
             slot.holder = None;
             slot.wake_head();
         }
+    }
+
+    /// The raw baseline of this store for `dlock bench`: the grant and release steps
+    /// called directly, without a client's machinery.
+    pub fn raw_baseline(&self) -> MemoryBaseline {
+        MemoryBaseline { backend: self.backend() }
     }
 
     /// Takes the whole store down (every call fails with `Unavailable`) or brings it back
@@ -368,4 +375,36 @@ fn drop_ticket(slot: &mut Slot, ticket: &mut Option<MemoryTicket>) {
     if let Some(t) = ticket.take() {
         slot.queue.retain(|w| w.id != t.id);
     }
+}
+
+/// The memory backend's raw baseline (see [`RawBaseline`]).
+pub struct MemoryBaseline {
+    backend: MemoryBackend,
+}
+
+#[async_trait]
+impl RawBaseline for MemoryBaseline {
+    async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
+        let req = baseline_request(name)?;
+        match self.backend.attempt(&req, &mut None).await? {
+            Attempt::Granted { hold, .. } => self.backend.release(&hold).await.map(drop),
+            Attempt::Busy { .. } => Err(LockError::Timeout),
+        }
+    }
+
+    async fn renew(&self, name: &LockName) -> Result<(), LockError> {
+        let req = baseline_request(name)?;
+        let hold = MemoryHold { name: name.clone(), owner: req.owner.clone(), token: 0 };
+        self.backend.renew(&hold, req.ttl()).await.map(drop)
+    }
+}
+
+fn baseline_request(name: &LockName) -> Result<Request, LockError> {
+    Ok(Request {
+        name: name.clone(),
+        owner: OwnerId::new("raw-baseline")?,
+        mode: crate::LeaseMode::default(),
+        blocking: false,
+        fair: false,
+    })
 }

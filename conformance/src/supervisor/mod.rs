@@ -4,7 +4,11 @@
 //! One module per server kind builds on [`ServerProcess`]. Environment variables named
 //! `DLOCK_TEST_<KIND>_URL` point the suite at external servers instead (see [`external_url`]).
 
+pub mod etcd;
+pub mod mariadb;
+pub mod postgres;
 pub mod redis;
+pub mod zookeeper;
 
 use std::fs::File;
 use std::io;

@@ -1,0 +1,1 @@
+//! etcd servers for the tests (see the module docs of `supervisor`).

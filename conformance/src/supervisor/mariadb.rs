@@ -1,0 +1,1 @@
+//! mariadb servers for the tests (see the module docs of `supervisor`).

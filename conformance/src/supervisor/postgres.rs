@@ -1,0 +1,1 @@
+//! postgres servers for the tests (see the module docs of `supervisor`).

@@ -1,0 +1,1 @@
+//! zookeeper servers for the tests (see the module docs of `supervisor`).

@@ -1,0 +1,144 @@
+//! Options every network backend reads from its URL's query string, parsed in one place.
+
+use std::time::Duration;
+
+use crate::error::LockError;
+
+/// Connection options common to every backend, read from `?key=value` pairs of a URL:
+/// `connect_timeout`, `op_timeout` (durations such as `500ms`, `5s`, `2m`) and `prefix`
+/// (the key, path or table prefix under which the backend keeps its locks).
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::ConnectOptions;
+///
+/// let (opts, rest) = ConnectOptions::from_query("op_timeout=250ms&prefix=shop%2Flocks&tls=true")?;
+/// assert_eq!(opts.op_timeout, Duration::from_millis(250));
+/// assert_eq!(opts.prefix, "shop/locks");
+/// assert_eq!(rest, vec![("tls".to_string(), "true".to_string())]);
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// The longest a connection attempt may take before `Unavailable`.
+    pub connect_timeout: Duration,
+    /// The longest one backend operation may take before `Unavailable`.
+    pub op_timeout: Duration,
+    /// Where the backend keeps its locks (a key prefix, a znode root, a table prefix).
+    pub prefix: String,
+}
+
+impl Default for ConnectOptions {
+    /// 5 s to connect, 5 s per operation, prefix `dlock`.
+    fn default() -> Self {
+        ConnectOptions {
+            connect_timeout: Duration::from_secs(5),
+            op_timeout: Duration::from_secs(5),
+            prefix: "dlock".to_string(),
+        }
+    }
+}
+
+impl ConnectOptions {
+    /// Parses a query string (without the `?`), returning the common options and every
+    /// other pair, percent-decoded, for the backend to interpret (or reject).
+    pub fn from_query(query: &str) -> Result<(Self, Vec<(String, String)>), LockError> {
+        let mut opts = ConnectOptions::default();
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let (key, value) = (percent_decode(key)?, percent_decode(value)?);
+            match key.as_str() {
+                "connect_timeout" => opts.connect_timeout = parse_duration(&value)?,
+                "op_timeout" => opts.op_timeout = parse_duration(&value)?,
+                "prefix" => {
+                    if value.is_empty() || value.contains('\0') {
+                        return Err(LockError::InvalidInput("prefix must be non-empty text without NUL".into()));
+                    }
+                    opts.prefix = value;
+                }
+                _ => rest.push((key, value)),
+            }
+        }
+        Ok((opts, rest))
+    }
+}
+
+/// Parses a duration such as `250ms`, `5s`, `2m`, `1h` (a bare number is seconds).
+/// Zero and values above [`MAX_DURATION`](crate::MAX_DURATION) are `InvalidInput`.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(dlock_core::parse_duration("1500ms")?, Duration::from_millis(1500));
+/// assert_eq!(dlock_core::parse_duration("30")?, Duration::from_secs(30));
+/// assert!(dlock_core::parse_duration("-1s").is_err());
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+pub fn parse_duration(text: &str) -> Result<Duration, LockError> {
+    let bad = || LockError::InvalidInput(format!("not a duration: {text:?} (use e.g. 500ms, 5s, 2m)"));
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let d = match unit.trim() {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
+        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
+        _ => return Err(bad()),
+    };
+    if d.is_zero() || d > crate::MAX_DURATION {
+        return Err(bad());
+    }
+    Ok(d)
+}
+
+/// Decodes `%XX` escapes (and `+` as a space, as in form-encoded queries).
+pub fn percent_decode(text: &str) -> Result<String, LockError> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+                out.push(byte.ok_or_else(|| LockError::InvalidInput(format!("bad percent escape in {text:?}")))?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| LockError::InvalidInput(format!("{text:?} does not decode to UTF-8")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_values() {
+        for q in [
+            "op_timeout=0s",
+            "op_timeout=abc",
+            "connect_timeout=5y",
+            "prefix=",
+            "prefix=%zz",
+            "op_timeout=99999999999999h",
+        ] {
+            assert!(matches!(ConnectOptions::from_query(q), Err(LockError::InvalidInput(_))), "{q}");
+        }
+    }
+
+    #[test]
+    fn defaults_when_empty() {
+        assert_eq!(ConnectOptions::from_query("").unwrap(), (ConnectOptions::default(), vec![]));
+    }
+}
