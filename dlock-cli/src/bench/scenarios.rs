@@ -1,0 +1,319 @@
+//! The measurements.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock::{LockError, LockName, LockOptions, Locker, RawBaseline};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::report::Row;
+use super::{BenchArgs, Scenario};
+use crate::exit::Failure;
+
+pub struct Bench<'a> {
+    pub url: String,
+    pub backend: String,
+    pub locker: Arc<dyn Locker>,
+    pub raw: Arc<dyn RawBaseline>,
+    pub args: &'a BenchArgs,
+}
+
+/// Every scenario uses names of its own, so runs never meet.
+fn bench_name(parts: &str) -> LockName {
+    LockName::new(format!("dlock-bench/{:08x}/{parts}", fastrand::u32(..))).expect("valid name")
+}
+
+fn progress(len: u64, message: String) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg:<48} [{bar:30}] {pos}/{len}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(message);
+    bar
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Bench<'_> {
+    pub async fn run(&self, scenario: Scenario) -> Result<Vec<Row>, Failure> {
+        Ok(match scenario {
+            Scenario::Uncontended => self.uncontended().await?,
+            Scenario::Throughput => self.throughput().await?,
+            Scenario::Handoff => self.handoff().await?,
+            Scenario::Fairness => self.fairness().await?,
+            Scenario::Renewal => self.renewal().await?,
+        })
+    }
+
+    fn row(&self, scenario: &'static str, point: impl Into<String>, unit: &'static str, library: f64) -> Row {
+        Row {
+            backend: self.backend.clone(),
+            scenario,
+            point: point.into(),
+            unit,
+            library,
+            raw: None,
+            ratio: None,
+            note: String::new(),
+        }
+    }
+
+    /// Library and raw pairs alternate, so that drift in the machine's load hits both.
+    async fn uncontended(&self) -> Result<Vec<Row>, Failure> {
+        let n = self.args.iterations;
+        let name = bench_name("uncontended");
+        let opts = LockOptions::new();
+        let bar = progress(n as u64, format!("{}: uncontended", self.backend));
+        for _ in 0..n.min(50) {
+            self.locker.acquire(&name, &opts).await?.release().await?;
+            self.raw.acquire_release(&name).await?;
+        }
+        let (mut lib, mut raw) = (histogram(), histogram());
+        for _ in 0..n {
+            let started = Instant::now();
+            self.locker.acquire(&name, &opts).await?.release().await?;
+            lib.saturating_record(micros(started.elapsed()));
+            let started = Instant::now();
+            self.raw.acquire_release(&name).await?;
+            raw.saturating_record(micros(started.elapsed()));
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok([("p50", 50.0), ("p99", 99.0), ("p999", 99.9)]
+            .into_iter()
+            .map(|(label, q)| {
+                let (l, r) = (lib.value_at_percentile(q) as f64, raw.value_at_percentile(q) as f64);
+                Row { raw: Some(r), ratio: Some(l / r), ..self.row("uncontended", label, "µs", l) }
+            })
+            .collect())
+    }
+
+    async fn throughput(&self) -> Result<Vec<Row>, Failure> {
+        let mut rows = Vec::new();
+        let duration = self.args.duration;
+        for &tasks in &self.args.tasks {
+            let bar = progress(2, format!("{}: throughput, {tasks} tasks", self.backend));
+            let names: Vec<LockName> = (0..tasks).map(|i| bench_name(&format!("throughput/{i}"))).collect();
+            let locker = self.locker.clone();
+            let lib = run_for(duration, names.clone(), move |name| {
+                let locker = locker.clone();
+                async move { locker.acquire(&name, &LockOptions::new()).await?.release().await }
+            })
+            .await?;
+            bar.inc(1);
+            let raw_client = self.raw.clone();
+            let raw = run_for(duration, names.clone(), move |name| {
+                let raw = raw_client.clone();
+                async move { raw.acquire_release(&name).await }
+            })
+            .await?;
+            bar.finish_and_clear();
+            // The ratio compares costs: raw throughput over library throughput.
+            rows.push(Row {
+                raw: Some(raw),
+                ratio: Some(raw / lib),
+                ..self.row("throughput", format!("{tasks} tasks"), "ops/s", lib)
+            });
+        }
+        Ok(rows)
+    }
+
+    async fn handoff(&self) -> Result<Vec<Row>, Failure> {
+        let rounds = self.args.handoffs;
+        let name = bench_name("handoff");
+        let opts = LockOptions::new().wait(Duration::from_secs(60));
+        let clients = [dlock::connect(&self.url).await?, dlock::connect(&self.url).await?];
+        let bar = progress(rounds as u64, format!("{}: hand-off", self.backend));
+        let mut hist = histogram();
+        let mut holder = clients[0].acquire(&name, &opts).await?;
+        for round in 0..rounds {
+            let next = clients[(round + 1) % 2].clone();
+            let (waiting_name, waiting_opts) = (name.clone(), opts.clone());
+            let waiter = {
+                let next = next.clone();
+                tokio::spawn(async move {
+                    let lease = next.acquire(&waiting_name, &waiting_opts).await;
+                    (Instant::now(), lease)
+                })
+            };
+            while next.stats().waiting == 0 {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            holder.release().await?;
+            let released = Instant::now();
+            let (granted, lease) = waiter.await.map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))?;
+            holder = lease?;
+            hist.saturating_record(micros(granted.saturating_duration_since(released)));
+            bar.inc(1);
+        }
+        holder.release().await?;
+        bar.finish_and_clear();
+        let floor = self.raw_pair_p50(&name).await?;
+        let mechanism = if self.locker.capabilities().notify { "notified" } else { "polling" };
+        Ok([("p50", 50.0), ("p99", 99.0)]
+            .into_iter()
+            .map(|(label, q)| {
+                let l = hist.value_at_percentile(q) as f64;
+                Row {
+                    raw: Some(floor),
+                    ratio: Some(l / floor),
+                    note: format!("waiter {mechanism}; raw = one raw acquire+release (p50)"),
+                    ..self.row("handoff", label, "µs", l)
+                }
+            })
+            .collect())
+    }
+
+    async fn raw_pair_p50(&self, name: &LockName) -> Result<f64, Failure> {
+        let mut hist = histogram();
+        for _ in 0..200 {
+            let started = Instant::now();
+            self.raw.acquire_release(name).await?;
+            hist.saturating_record(micros(started.elapsed()));
+        }
+        Ok(hist.value_at_percentile(50.0) as f64)
+    }
+
+    async fn fairness(&self) -> Result<Vec<Row>, Failure> {
+        const WORKERS: usize = 8;
+        let name = bench_name("fairness");
+        let bar = progress(1, format!("{}: fairness, {WORKERS} clients", self.backend));
+        let deadline = Instant::now() + self.args.duration;
+        let mut workers = Vec::new();
+        for _ in 0..WORKERS {
+            let client = dlock::connect(&self.url).await?;
+            let name = name.clone();
+            workers.push(tokio::spawn(async move {
+                let opts = LockOptions::new().wait(Duration::from_secs(60));
+                let mut count = 0u64;
+                while Instant::now() < deadline {
+                    let lease = client.acquire(&name, &opts).await?;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    lease.release().await?;
+                    count += 1;
+                }
+                Ok::<u64, LockError>(count)
+            }));
+        }
+        let mut counts = Vec::new();
+        for worker in workers {
+            counts.push(worker.await.map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))??);
+        }
+        bar.finish_and_clear();
+        let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+        let squares: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
+        let jain = if squares == 0.0 { 0.0 } else { sum * sum / (WORKERS as f64 * squares) };
+        Ok(vec![Row {
+            note: format!("grants per client: {counts:?}"),
+            ..self.row("fairness", format!("{WORKERS} clients"), "Jain", jain)
+        }])
+    }
+
+    /// Holds many leases through two ttls of watchdog renewals (none may be lost), then
+    /// compares one explicit renewal of each, through the library, with raw renewals.
+    async fn renewal(&self) -> Result<Vec<Row>, Failure> {
+        let n = self.args.leases;
+        let ttl = self.args.renew_ttl;
+        let names: Vec<LockName> = (0..n).map(|i| bench_name(&format!("renewal/{i}"))).collect();
+        let opts = LockOptions::watchdog(ttl);
+        let bar = progress(4, format!("{}: {n} leases renewed", self.backend));
+        let leases: Vec<_> = stream::iter(names.clone())
+            .map(|name| {
+                let (locker, opts) = (self.locker.clone(), opts.clone());
+                async move { locker.acquire(&name, &opts).await }
+            })
+            .buffered(256)
+            .try_collect()
+            .await?;
+        bar.inc(1);
+        let before = self.locker.stats().renewals;
+        tokio::time::sleep(ttl * 2).await;
+        let renewed = self.locker.stats().renewals - before;
+        let lost = leases.iter().filter(|l| l.is_lost()).count();
+        bar.inc(1);
+
+        let extend = self.locker.capabilities().extend;
+        let lib_rate = if extend {
+            let started = Instant::now();
+            let done = AtomicU64::new(0);
+            stream::iter(leases.iter())
+                .for_each_concurrent(256, |lease| {
+                    let done = &done;
+                    async move {
+                        if lease.extend(ttl).await.is_ok() {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+                .await;
+            Some(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+        } else {
+            None
+        };
+        bar.inc(1);
+        let started = Instant::now();
+        stream::iter(names.clone())
+            .map(|name| {
+                let raw = self.raw.clone();
+                async move { raw.renew(&name).await }
+            })
+            .buffer_unordered(256)
+            .try_collect::<Vec<()>>()
+            .await?;
+        let raw_rate = n as f64 / started.elapsed().as_secs_f64();
+        stream::iter(leases).for_each_concurrent(256, |lease| async move { drop(lease.release().await) }).await;
+        bar.finish_and_clear();
+        let note = format!("watchdog over 2 ttls: {renewed} renewals, {lost} of {n} lost");
+        Ok(vec![match lib_rate {
+            Some(lib) => Row {
+                raw: Some(raw_rate),
+                ratio: Some(raw_rate / lib),
+                note,
+                ..self.row("renewal", format!("{n} leases"), "renewals/s", lib)
+            },
+            None => Row {
+                raw: Some(raw_rate),
+                note: format!("{note}; extend unsupported, renewals follow the session"),
+                ..self.row("renewal", format!("{n} leases"), "renewals/s", renewed as f64 / (ttl * 2).as_secs_f64())
+            },
+        }])
+    }
+}
+
+/// Runs `op` in one task per name until `duration` passes; returns operations per second.
+async fn run_for<F, Fut>(duration: Duration, names: Vec<LockName>, op: F) -> Result<f64, Failure>
+where
+    F: Fn(LockName) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), LockError>> + Send,
+{
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for name in names {
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut count = 0u64;
+            while Instant::now() < deadline {
+                op(name.clone()).await?;
+                count += 1;
+            }
+            Ok::<u64, LockError>(count)
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
