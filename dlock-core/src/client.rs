@@ -2,12 +2,14 @@
 //! safety and operation timeouts written once for every backend.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::oneshot;
+use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::backend::{Attempt, Backend, Release, Renewal, Request};
@@ -69,6 +71,7 @@ struct Inner<B: Backend> {
 /// Lease ids are unique in the process, so that one scheduler map can never confuse two.
 static NEXT_LEASE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A lease, or `None` when a try found the lock busy or the caller went away.
 type AcquireResult = Result<Option<Lease>, LockError>;
 
 impl<B: Backend> Client<B> {
@@ -124,21 +127,79 @@ impl<B: Backend> Client<B> {
             owner = %req.owner,
             blocking,
         );
-        // The attempt runs in its own task so that a caller who drops this future (a
-        // timeout, a select!) never leaves a half-done attempt behind: the task finishes
-        // the round trip in flight, then gives back what it got.
-        let (mut tx, rx) = oneshot::channel::<AcquireResult>();
+        let cancel = Arc::new(Cancel::default());
         let inner = self.inner.clone();
         let opts = opts.clone();
-        tokio::spawn(
-            async move {
-                let result = inner.acquire_loop(&req, &opts, &mut tx).await;
-                // If the caller has gone, the lease comes back here and its drop releases it.
-                let _ = tx.send(result);
-            }
-            .instrument(span),
-        );
-        rx.await.unwrap_or_else(|_| Err(LockError::Backend("the acquire task ended without an answer".into())))
+        let run = {
+            let cancel = cancel.clone();
+            async move { inner.acquire_loop(&req, &opts, &cancel).await }.instrument(span)
+        };
+        Guarded { run: Some(Box::pin(run)), cancel }.await
+    }
+}
+
+/// Tells an acquire whose caller has gone to give up and give back what it got.
+#[derive(Default)]
+struct Cancel {
+    fired: AtomicBool,
+    notify: Notify,
+}
+
+impl Cancel {
+    fn fire(&self) {
+        self.fired.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    async fn fired(&self) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !self.is_fired() {
+            notified.await;
+        }
+    }
+}
+
+/// The acquire runs in the caller's task. If the caller drops it (a timeout, a
+/// `select!`) halfway, the rest of it moves to a task of its own, which finishes the
+/// round trip in flight and gives back whatever it got: a cancelled acquire never leaves
+/// a hold, a queue entry or a renewal behind, and the common path costs no task hand-off.
+struct Guarded {
+    run: Option<Pin<Box<dyn Future<Output = AcquireResult> + Send>>>,
+    cancel: Arc<Cancel>,
+}
+
+impl Future for Guarded {
+    type Output = AcquireResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<AcquireResult> {
+        let Some(run) = self.run.as_mut() else {
+            return Poll::Ready(Err(LockError::Backend("acquire polled after it completed".into())));
+        };
+        let result = run.as_mut().poll(cx);
+        if result.is_ready() {
+            self.run = None;
+        }
+        result
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let Some(run) = self.run.take() else { return };
+        self.cancel.fire();
+        // Without a runtime nothing can finish the attempt; the hold's ttl frees it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                // A lease that comes back is dropped here, which releases it.
+                drop(run.await);
+            });
+        }
     }
 }
 
@@ -171,12 +232,7 @@ impl<B: Backend> Inner<B> {
         }
     }
 
-    async fn acquire_loop(
-        self: &Arc<Self>,
-        req: &Request,
-        opts: &LockOptions,
-        tx: &mut oneshot::Sender<AcquireResult>,
-    ) -> AcquireResult {
+    async fn acquire_loop(self: &Arc<Self>, req: &Request, opts: &LockOptions, cancel: &Cancel) -> AcquireResult {
         let started = Instant::now();
         let deadline = started + opts.wait_bound().unwrap_or(MAX_DURATION);
         let notify = self.backend.capabilities().notify;
@@ -184,6 +240,10 @@ impl<B: Backend> Inner<B> {
         let mut ticket: Option<B::Ticket> = None;
         let mut polls = 0u32;
         loop {
+            if cancel.is_fired() {
+                self.abandon(req, ticket).await;
+                return Ok(None);
+            }
             let sent = Instant::now();
             let attempt = match self.timed("acquire", self.backend.attempt(req, &mut ticket)).await {
                 Ok(attempt) => attempt,
@@ -207,7 +267,7 @@ impl<B: Backend> Inner<B> {
                 Attempt::Busy { retry_after } => retry_after,
             };
             let now = Instant::now();
-            let cancelled = tx.is_closed();
+            let cancelled = cancel.is_fired();
             if !req.blocking || cancelled || now >= deadline {
                 self.abandon(req, ticket).await;
                 return if req.blocking && !cancelled { Err(LockError::Timeout) } else { Ok(None) };
@@ -224,7 +284,7 @@ impl<B: Backend> Inner<B> {
                 let wait = self.backend.wait(req, &mut ticket, until);
                 tokio::select! {
                     result = wait => Some(result),
-                    _ = tx.closed() => None,
+                    _ = cancel.fired() => None,
                 }
             };
             self.stats.waiting.fetch_sub(1, Ordering::Relaxed);

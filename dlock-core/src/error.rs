@@ -63,12 +63,13 @@ pub enum LockError {
     /// The backend could not be reached within its connect or operation timeout.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
-    /// Too few RedLock nodes answered.
-    #[error("quorum not reached: {got} of {needed} nodes")]
+    /// Too few nodes confirmed an operation: RedLock masters granting, or replicas
+    /// acknowledging a write the caller asked to have replicated.
+    #[error("quorum not reached: {got} of {needed} nodes confirmed")]
     QuorumNotReached {
-        /// Nodes that granted.
+        /// Nodes that confirmed.
         got: usize,
-        /// Nodes needed for a quorum.
+        /// Nodes needed.
         needed: usize,
     },
     /// The backend cannot do what was asked (see [`Capabilities`](crate::Capabilities)).

@@ -1,7 +1,7 @@
 //! The guard of a held lock, its validity clock and its lost signal.
 
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,9 @@ pub(crate) struct LeaseCore {
     /// When the watchdog stops renewing, if `max_hold` was set.
     pub(crate) renew_deadline: Option<Instant>,
     extendable: bool,
+    /// True while the renewal scheduler must keep this lease: from its grant until it is
+    /// released, dropped or lost.
+    tracked: AtomicBool,
     timing: Mutex<Timing>,
     lost: watch::Sender<Option<LostReason>>,
     pub(crate) hold: Arc<dyn HoldOps>,
@@ -67,6 +70,7 @@ impl LeaseCore {
             mode: spec.mode,
             renew_deadline: spec.max_hold.map(|m| spec.attempt_started + m),
             extendable: spec.extendable,
+            tracked: AtomicBool::new(true),
             timing: Mutex::new(Timing { ttl, valid_until: validity_end(spec.attempt_started, ttl) }),
             lost: watch::channel(None).0,
             hold,
@@ -76,6 +80,30 @@ impl LeaseCore {
 
     pub(crate) fn name(&self) -> &LockName {
         &self.name
+    }
+
+    pub(crate) fn is_tracked(&self) -> bool {
+        self.tracked.load(Ordering::Acquire)
+    }
+
+    /// Ends the scheduler's interest in this lease; true the first time only.
+    pub(crate) fn untrack(&self) -> bool {
+        let was = self.tracked.swap(false, Ordering::AcqRel);
+        if was {
+            self.stats.scheduled.fetch_sub(1, Ordering::Relaxed);
+        }
+        was
+    }
+
+    /// The first moment the scheduler must look at this lease: its first renewal, or the
+    /// end of its validity for a lease that is not renewed.
+    pub(crate) fn first_due(&self) -> Instant {
+        let valid_until = self.valid_until();
+        if self.is_watchdog() {
+            valid_until.min(Instant::now() + self.ttl() / 3)
+        } else {
+            valid_until
+        }
     }
 
     pub(crate) fn is_watchdog(&self) -> bool {
@@ -117,6 +145,7 @@ impl LeaseCore {
             }
         });
         if fired {
+            self.untrack();
             self.stats.lost.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(lock = %self.name, token = %self.token, %reason, "lease lost");
         }
@@ -284,7 +313,7 @@ impl Lease {
     fn finish(&mut self) {
         if !self.finished {
             self.finished = true;
-            self.scheduler.deregister(self.core.id);
+            self.scheduler.deregister(&self.core);
             self.core.stats.active.fetch_sub(1, Ordering::Relaxed);
         }
     }

@@ -8,14 +8,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 use crate::backend::Renewal;
 use crate::error::{LockError, LostReason};
@@ -25,41 +25,92 @@ use crate::stats::Stats;
 /// Renewals in flight at once per client; more wait for a free slot.
 const MAX_IN_FLIGHT: usize = 1024;
 
-enum Msg {
-    Register(Arc<LeaseCore>),
-    Deregister(u64),
-}
+/// New leases the loop picks up at the latest when this many are waiting for it.
+const DRAIN_AFTER: usize = 1024;
 
-/// What the scheduler task needs when it starts.
-type Unstarted = (mpsc::UnboundedReceiver<Msg>, Arc<Stats>);
+/// Finished leases the loop forgets at the latest when this many have accumulated.
+const SWEEP_AFTER: usize = 1024;
 
-/// The handle leases and the client use to reach the scheduler task, which is started
-/// on the first registration (so that a client can be built outside a runtime).
+/// The handle leases and the client use to reach the scheduler task, which is started on
+/// the first registration (so that a client can be built outside a runtime).
+///
+/// Registering and deregistering a lease cost no message and usually no wake-up: a new
+/// lease waits in a list until the loop next looks at its timers (it is woken only if
+/// the new lease is due before that), and a finished lease only flips a flag that the
+/// loop honours when it next meets the lease. Acquire and release stay free of
+/// cross-task hand-offs.
 #[derive(Clone)]
 pub(crate) struct Scheduler {
-    tx: mpsc::UnboundedSender<Msg>,
-    pending_start: Arc<Mutex<Option<Unstarted>>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    incoming: Mutex<Vec<Arc<LeaseCore>>>,
+    wake: Arc<Notify>,
+    /// When the loop will next look, in nanoseconds since `epoch` (`u64::MAX`: no timer).
+    next_look: AtomicU64,
+    epoch: Instant,
+    /// Leases finished since the loop last swept them out.
+    finished: AtomicUsize,
+    unstarted: Mutex<bool>,
+    stats: Arc<Stats>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The client and every lease are gone: let the loop see it and end.
+        self.wake.notify_one();
+    }
+}
+
+impl Shared {
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX - 1)
+    }
 }
 
 impl Scheduler {
     pub(crate) fn new(stats: Arc<Stats>) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        Scheduler { tx, pending_start: Arc::new(Mutex::new(Some((rx, stats)))) }
+        Scheduler {
+            shared: Arc::new(Shared {
+                incoming: Mutex::new(Vec::new()),
+                wake: Arc::new(Notify::new()),
+                next_look: AtomicU64::new(u64::MAX),
+                epoch: Instant::now(),
+                finished: AtomicUsize::new(0),
+                unstarted: Mutex::new(true),
+                stats,
+            }),
+        }
     }
 
     pub(crate) fn register(&self, core: Arc<LeaseCore>) {
+        let shared = &self.shared;
+        shared.stats.scheduled.fetch_add(1, Ordering::Relaxed);
+        let due = shared.nanos(core.first_due());
+        let waiting = {
+            let mut incoming = shared.incoming.lock().unwrap_or_else(|p| p.into_inner());
+            incoming.push(core);
+            incoming.len()
+        };
         self.start_if_needed();
-        let _ = self.tx.send(Msg::Register(core));
+        if waiting >= DRAIN_AFTER || due < shared.next_look.load(Ordering::SeqCst) {
+            shared.wake.notify_one();
+        }
     }
 
-    pub(crate) fn deregister(&self, id: u64) {
-        let _ = self.tx.send(Msg::Deregister(id));
+    /// The lease is released or dropped: it must not be renewed again.
+    pub(crate) fn deregister(&self, core: &LeaseCore) {
+        if core.untrack() && self.shared.finished.fetch_add(1, Ordering::Relaxed) + 1 >= SWEEP_AFTER {
+            self.shared.wake.notify_one();
+        }
     }
 
     fn start_if_needed(&self) {
-        let mut slot = self.pending_start.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((rx, stats)) = slot.take() {
-            tokio::spawn(RenewalLoop::new(stats).run(rx));
+        let mut unstarted = self.shared.unstarted.lock().unwrap_or_else(|p| p.into_inner());
+        if std::mem::take(&mut *unstarted) {
+            let (weak, wake) = (Arc::downgrade(&self.shared), self.shared.wake.clone());
+            tokio::spawn(RenewalLoop::new(self.shared.stats.clone()).run(weak, wake));
         }
     }
 }
@@ -95,33 +146,52 @@ impl RenewalLoop {
         }
     }
 
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+    async fn run(mut self, shared: Weak<Shared>, wake: Arc<Notify>) {
         loop {
-            let next_timer = self.timers.peek().map(|Reverse((at, _))| *at);
+            let next_timer = {
+                // Every lease and the client are gone: nothing left to renew.
+                let Some(shared) = shared.upgrade() else { return };
+                let incoming = std::mem::take(&mut *shared.incoming.lock().unwrap_or_else(|p| p.into_inner()));
+                for core in incoming {
+                    self.register(core);
+                }
+                if shared.finished.load(Ordering::Relaxed) >= SWEEP_AFTER {
+                    shared.finished.store(0, Ordering::Relaxed);
+                    self.sweep();
+                }
+                let next_timer = self.timers.peek().map(|Reverse((at, _))| *at);
+                shared.next_look.store(next_timer.map_or(u64::MAX, |at| shared.nanos(at)), Ordering::SeqCst);
+                // A lease registered after the list was emptied but before `next_look` was
+                // published may not have woken us: look again before sleeping.
+                if !shared.incoming.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+                    continue;
+                }
+                next_timer
+            };
             tokio::select! {
-                msg = rx.recv() => match msg {
-                    Some(Msg::Register(core)) => self.register(core),
-                    Some(Msg::Deregister(id)) => self.remove(id),
-                    // Every lease and the client are gone: nothing left to renew.
-                    None => return,
-                },
+                _ = wake.notified() => {}
                 _ = sleep_until(next_timer), if next_timer.is_some() => self.fire_due_timers(),
                 Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => self.renewal_done(done),
             }
-            self.stats.scheduled.store(self.entries.len() as u64, Ordering::Relaxed);
         }
     }
 
+    /// Forgets finished leases and their timers.
+    fn sweep(&mut self) {
+        self.entries.retain(|_, entry| entry.core.is_tracked());
+        let entries = &self.entries;
+        self.timers.retain(|Reverse((_, id))| entries.contains_key(id));
+    }
+
     fn register(&mut self, core: Arc<LeaseCore>) {
+        if !core.is_tracked() {
+            return;
+        }
         let id = core.id;
         let next_renew =
             if core.is_watchdog() { within_max_hold(&core, Instant::now() + core.ttl() / 3) } else { None };
         self.entries.insert(id, Entry { core, next_renew, renewing: false, failing: None, wake: None });
         self.evaluate(id, Instant::now());
-    }
-
-    fn remove(&mut self, id: u64) {
-        self.entries.remove(&id);
     }
 
     fn fire_due_timers(&mut self) {
@@ -148,13 +218,15 @@ impl RenewalLoop {
     /// Decides what a lease needs now: lost, a renewal, or a later look.
     fn evaluate(&mut self, id: u64, now: Instant) {
         let Some(entry) = self.entries.get_mut(&id) else { return };
-        if entry.core.is_lost() {
+        if !entry.core.is_tracked() {
             self.entries.remove(&id);
             return;
         }
         let valid_until = entry.core.valid_until();
         if now >= valid_until {
-            entry.core.fire_lost(entry.failing.unwrap_or(LostReason::Expired));
+            // A renewal still out when the validity ends did not come back in time.
+            let unanswered = entry.renewing.then_some(LostReason::BackendUnavailable);
+            entry.core.fire_lost(entry.failing.or(unanswered).unwrap_or(LostReason::Expired));
             self.entries.remove(&id);
             return;
         }
@@ -204,6 +276,10 @@ impl RenewalLoop {
         }
         let Some(entry) = self.entries.get_mut(&id) else { return };
         entry.renewing = false;
+        if !entry.core.is_tracked() {
+            self.entries.remove(&id);
+            return;
+        }
         match outcome {
             Ok(Renewal::Renewed) => {
                 self.stats.renewals.fetch_add(1, Ordering::Relaxed);
