@@ -1,1 +1,143 @@
-//! Redis backend for dlock: single instance with watchdog renewal, Cluster, Sentinel, and RedLock (in progress).
+//! Redis backend for dlock: one server, a Redis Cluster, or the master a Sentinel names.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use dlock_core::{LockName, LockOptions, Locker};
+//! use dlock_redis::RedisConfig;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), dlock_core::LockError> {
+//! let locker = dlock_redis::connect(RedisConfig::from_url("redis://127.0.0.1:6379/0?op_timeout=2s")?).await?;
+//! let name = LockName::new("orders/42")?;
+//! let lease = locker.acquire(&name, &LockOptions::new().wait(Duration::from_secs(5))).await?;
+//! // Hand lease.token() to the resource, which refuses writes carrying an older token.
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Connecting
+//!
+//! | URL | deployment |
+//! |---|---|
+//! | `redis://[user[:password]@]host[:port][/db]` | one server (`rediss://` for TLS) |
+//! | `redis+cluster://[user[:password]@]host:port,host:port,...` | a Redis Cluster, through its seed nodes |
+//! | `redis+sentinel://[user[:password]@]host:port,.../master[/db]` | the master of a Sentinel group |
+//!
+//! Query options: `connect_timeout`, `op_timeout`, `prefix` (default `dlock`; no braces),
+//! `wait_replicas` and `wait_timeout` (see below), `tls_ca` (a PEM file of CAs to trust
+//! instead of the system's), `sentinel_username` and `sentinel_password`. Every option
+//! has a builder method on [`RedisConfig`]. A client keeps one multiplexed command
+//! connection, which reconnects on its own, and opens one pub/sub connection the first
+//! time one of its acquires has to wait.
+//!
+//! # How a lock lives in Redis
+//!
+//! Each lock is a hash with a ttl, a fence counter and a pub/sub channel, all named
+//! after the lock's [encoded](dlock_core::LockName::encoded) name inside a Cluster hash
+//! tag (see [`keys`] for the exact layout):
+//!
+//! ```text
+//! dlock:{orders%2F42}           hash  owner:<owner id> -> hold count, token -> 17   (PEXPIRE ttl)
+//! dlock:{orders%2F42}:fence     string 17                                          (no ttl)
+//! dlock:{orders%2F42}:released  channel; a release publishes the released token
+//! ```
+//!
+//! Every operation is one `EVALSHA` of a Lua script (loaded when the client connects,
+//! loaded again if the server answers `NOSCRIPT`):
+//!
+//! - **acquire** grants when the hash is absent (`INCR` of the fence counter, the
+//!   owner's count set to 1, the token stored, `PEXPIRE` of the ttl rounded up to whole
+//!   milliseconds) or when the same owner holds it (count + 1, same token, the ttl never
+//!   shortened); otherwise it returns the hold's remaining ttl (`PTTL`);
+//! - **renew** (the watchdog, every ttl/3) and **release** check the owner *and* the
+//!   token, so a stale lease can neither extend nor free a newer holder's lock; the last
+//!   release deletes the hash and `PUBLISH`es on the lock's channel;
+//! - a **waiter** subscribes to the channel before it looks again, then sleeps until a
+//!   release message or the holder's remaining ttl (an expired or deleted hold sends no
+//!   message), on one pub/sub connection shared by every waiter of the client.
+//!
+//! An uncontended acquire and release are two commands on one multiplexed connection.
+//!
+//! # Fencing tokens
+//!
+//! The token is the value of the lock's fence counter after the granting `INCR`: it
+//! strictly increases over the grants of a name, and a re-entrant acquire returns the
+//! holder's token again. The counter has no ttl (one small key per lock name ever used)
+//! so that tokens never go back when a lock is freed.
+//!
+//! # What survives a restart
+//!
+//! Only what the server persists. With `appendonly yes` and `appendfsync always`, holds
+//! and fence counters survive a crash: tokens keep increasing. With RDB snapshots or
+//! `appendfsync everysec`, a crash can lose the last writes: a fence counter may go
+//! back (a later holder could get a token an earlier one had), and a hold may vanish
+//! (another client can then acquire while the holder still believes it holds the lock,
+//! until its next renewal reports the loss). Without persistence, everything is lost.
+//! Use a persistent server when the fencing tokens protect anything.
+//!
+//! # Replication and failover
+//!
+//! Redis replicates asynchronously. If the master fails right after granting a lock and
+//! before a replica has the write, the promoted replica does not know the hold: another
+//! client can acquire the same lock, with a fence counter that may have gone back. With
+//! [`RedisConfig::with_replica_ack`] (`?wait_replicas=N&wait_timeout=100ms` in the URL)
+//! each grant and each renewal is followed, in the same pipeline on the same
+//! connection, by `WAIT N timeout`: a grant fewer than N replicas acknowledged is given
+//! back and fails with [`LockError::QuorumNotReached`](dlock_core::LockError), and an
+//! unacknowledged renewal counts as failed (the watchdog retries it until the lease
+//! runs out). This narrows the window but does not close it: `WAIT` does not make Redis
+//! strongly consistent (a replica may acknowledge and still not be the one promoted,
+//! and expiries follow each server's clock). Where a lost lock is unacceptable, keep the
+//! fencing token check in the protected resource, or use RedLock, ZooKeeper or etcd.
+//!
+//! Through Sentinel (`redis+sentinel://`), the client asks the Sentinels for the master
+//! and asks again when a command fails in a way that suggests a failover. On a Cluster
+//! (`redis+cluster://`) commands are routed by slot; a lock's keys share one slot, and
+//! release messages reach subscribers on any node.
+//!
+//! # Capabilities
+//!
+//! Re-entrant by owner, fixed and watchdog leases, `extend`, notification on release.
+//! Not FIFO (woken waiters race; use a fair backend when order matters) and no queue
+//! length in `inspect`.
+
+mod backend;
+mod baseline;
+pub mod config;
+mod connection;
+mod error;
+pub mod keys;
+mod pubsub;
+pub mod scripts;
+
+use dlock_core::{Client, ClientConfig, LockError};
+
+pub use backend::{RedisBackend, RedisHold, CAPABILITIES};
+pub use baseline::RedisBaseline;
+pub use config::{Node, RedisConfig, ReplicaAck, Topology, SCHEMES};
+pub use connection::{NodeSource, RedisConnection};
+pub use keys::{KeyLayout, LockKeys};
+
+/// A lock client over Redis.
+pub type RedisLocker = Client<RedisBackend>;
+
+/// Connects to Redis as `config` says (within its connect timeout) and returns a lock
+/// client whose operations are bounded by its operation timeout.
+///
+/// Fails with `Unavailable` when no server answers in time, `InvalidInput` for a bad
+/// configuration.
+pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
+    let layout = KeyLayout::new(config.prefix())?;
+    let connected = connection::connect(&config).await?;
+    let subscriptions = pubsub::Subscriptions::start(connected.nodes, config.connect_timeout(), config.op_timeout());
+    let backend = RedisBackend::new(connected.commands, layout, subscriptions, config.replica_ack());
+    Ok(Client::with_config(backend, ClientConfig { op_timeout: config.op_timeout() }))
+}
+
+/// The raw baseline of `dlock bench`: the same script calls an uncontended acquire and
+/// release send, over the same kind of connection, without the library around them.
+pub async fn raw_baseline(config: RedisConfig) -> Result<RedisBaseline, LockError> {
+    let layout = KeyLayout::new(config.prefix())?;
+    let connected = connection::connect(&config).await?;
+    Ok(RedisBaseline::new(connected.commands, layout, config.replica_ack()))
+}

@@ -8,7 +8,7 @@
 //! | `sqlite://path`, `sqlite::memory:` | SQLite lease table | `sqlite` (default) |
 //! | `postgres://`, `postgresql://` | PostgreSQL lease table | `postgres` |
 //! | `mysql://`, `mariadb://` | MySQL/MariaDB lease table | `mysql` |
-//! | `redis://`, `rediss://` | Redis single instance | `redis` |
+//! | `redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://` | Redis (one server, Cluster, Sentinel) | `redis` |
 //! | `redlock://h1:p1,h2:p2,...` | RedLock over N Redis masters | `redlock` |
 //! | `zk://` | ZooKeeper | `zk` |
 //! | `etcd://`, `etcds://` | etcd | `etcd` |

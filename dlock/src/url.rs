@@ -17,7 +17,7 @@ pub enum Scheme {
     Postgres,
     /// `mysql://` or `mariadb://`.
     Mysql,
-    /// `redis://` or `rediss://`.
+    /// `redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://` (and their TLS forms).
     Redis,
     /// `redlock://host:port,host:port,...`.
     RedLock,
@@ -49,7 +49,9 @@ impl Scheme {
             "memory" => Scheme::Memory,
             "postgres" | "postgresql" => Scheme::Postgres,
             "mysql" | "mariadb" => Scheme::Mysql,
-            "redis" | "rediss" => Scheme::Redis,
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel" => {
+                Scheme::Redis
+            }
             "redlock" => Scheme::RedLock,
             "zk" => Scheme::ZooKeeper,
             "etcd" | "etcds" => Scheme::Etcd,
@@ -90,6 +92,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>, LockError> {
     let scheme = Scheme::of(url)?;
     match scheme {
         Scheme::Memory => Ok(Arc::new(memory_store(url)?.client())),
+        #[cfg(feature = "redis")]
+        Scheme::Redis => Ok(Arc::new(dlock_redis::connect(dlock_redis::RedisConfig::from_url(url)?).await?)),
         #[allow(unreachable_patterns)]
         other => Err(other.not_built()),
     }
@@ -101,6 +105,8 @@ pub async fn raw_baseline(url: &str) -> Result<Box<dyn RawBaseline>, LockError> 
     let scheme = Scheme::of(url)?;
     match scheme {
         Scheme::Memory => Ok(Box::new(memory_store(url)?.raw_baseline())),
+        #[cfg(feature = "redis")]
+        Scheme::Redis => Ok(Box::new(dlock_redis::raw_baseline(dlock_redis::RedisConfig::from_url(url)?).await?)),
         #[allow(unreachable_patterns)]
         other => Err(other.not_built()),
     }

@@ -1,8 +1,11 @@
-//! redis-server instances on free loopback ports.
+//! redis-server instances on free loopback ports: single servers (optionally replicas
+//! of another), a small Redis Cluster, and a Sentinel.
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
@@ -30,9 +33,7 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a redis-server on a free port.
     pub fn start(config: &RedisConfig) -> io::Result<Self> {
-        let program = find_program("redis-server", &["/usr/bin", "/usr/local/bin"]).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, "redis-server not found; run scripts/install-backends")
-        })?;
+        let program = program("redis-server")?;
         start_on_free_port(|port| {
             let dir = tempfile::Builder::new().prefix("dlock-redis-").tempdir()?;
             let mut args = vec![
@@ -85,5 +86,254 @@ impl RedisServer {
     pub fn start_again(&mut self) -> io::Result<()> {
         self.process.start_again()?;
         wait_for_port(self.addr, &mut self.process, Duration::from_secs(10))
+    }
+
+    /// Starts a server that replicates `master`, and waits until the master counts it
+    /// among its connected replicas.
+    pub fn start_replica_of(master: &RedisServer, config: &RedisConfig) -> io::Result<Self> {
+        // The master waits 5 s by default for more replicas before a diskless full sync.
+        cli(master.addr, &["CONFIG", "SET", "repl-diskless-sync-delay", "0"])?;
+        let mut config = config.clone();
+        config.extra_args.extend(["--replicaof".into(), "127.0.0.1".into(), master.addr.port().to_string()]);
+        let replica = RedisServer::start(&config)?;
+        // Connected is not enough: for a moment after the initial sync the replica does
+        // not acknowledge writes yet. Wait until it acknowledges one.
+        wait_until(Duration::from_secs(20), "the replica acknowledges writes", || {
+            let out = cli_stdin(master.addr, "SET dlock-supervisor:replica-probe 1\nWAIT 1 100\n")?;
+            Ok(out.lines().nth(1).is_some_and(|acked| acked.trim() == "1"))
+        })?;
+        cli(master.addr, &["DEL", "dlock-supervisor:replica-probe"])?;
+        Ok(replica)
+    }
+
+    /// Runs a command with redis-cli and returns its output.
+    pub fn cli(&self, args: &[&str]) -> io::Result<String> {
+        cli(self.addr, args)
+    }
+}
+
+fn program(name: &str) -> io::Result<PathBuf> {
+    find_program(name, &["/usr/bin", "/usr/local/bin"]).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("{name} not found; run scripts/install-backends"))
+    })
+}
+
+/// Runs `redis-cli -h 127.0.0.1 -p <port> <args>`, failing on a non-zero exit.
+pub fn cli(addr: SocketAddr, args: &[&str]) -> io::Result<String> {
+    let output = Command::new(program("redis-cli")?)
+        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+        .args(args)
+        .output()?;
+    if !output.status.success() {
+        return Err(io::Error::other(format!(
+            "redis-cli {args:?} on {addr} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Runs the commands in `script` (one per line) on one redis-cli connection.
+fn cli_stdin(addr: SocketAddr, script: &str) -> io::Result<String> {
+    use std::io::Write;
+    let mut child = Command::new(program("redis-cli")?)
+        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    child.stdin.take().ok_or_else(|| io::Error::other("no stdin"))?.write_all(script.as_bytes())?;
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        return Err(io::Error::other(format!(
+            "redis-cli on {addr} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -> io::Result<bool>) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match check() {
+            Ok(true) => return Ok(()),
+            Ok(false) => String::new(),
+            Err(err) => err.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what}: not within {timeout:?} {last}")));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A Redis Cluster of masters without replicas, each a [`RedisServer`] on free ports.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` cluster-enabled servers (at least 3, as Redis demands), spreads the
+    /// 16384 slots over them with `redis-cli --cluster create`, and waits until every
+    /// node reports the cluster as ok.
+    pub fn start(masters: usize) -> io::Result<Self> {
+        let mut nodes = Vec::with_capacity(masters);
+        for _ in 0..masters {
+            nodes.push(start_cluster_node()?);
+        }
+        let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
+        create.extend(nodes.iter().map(|n| n.addr.to_string()));
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let args: Vec<&str> = create.iter().map(String::as_str).collect();
+        cli(nodes[0].addr, &args)?;
+        for node in &nodes {
+            wait_until(Duration::from_secs(30), "the cluster state is ok", || {
+                Ok(cli(node.addr, &["CLUSTER", "INFO"])?.contains("cluster_state:ok"))
+            })?;
+        }
+        Ok(RedisCluster { nodes })
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// The nodes, for kill and restart.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
+    /// Every node's address.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(RedisServer::addr).collect()
+    }
+
+    /// `redis+cluster://<node>,<node>,...`.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.addrs().iter().map(SocketAddr::to_string).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+}
+
+/// A cluster node's bus port is its own free port (not port + 10000, which may be taken
+/// or out of range); a start that loses a port race is retried with fresh ports.
+fn start_cluster_node() -> io::Result<RedisServer> {
+    let mut last = None;
+    for _ in 0..5 {
+        let bus = super::free_port()?;
+        let config = RedisConfig {
+            persistent: false,
+            extra_args: [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+                "--cluster-port",
+                &bus.to_string(),
+            ]
+            .map(String::from)
+            .to_vec(),
+        };
+        match RedisServer::start(&config) {
+            Ok(server) => return Ok(server),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
+}
+
+/// A Redis Sentinel monitoring one master, in its own temporary directory.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    process: ServerProcess,
+    addr: SocketAddr,
+    master: String,
+    _dir: TempDir,
+}
+
+impl RedisSentinel {
+    /// Starts a Sentinel that monitors `master` under the name `name`, with a quorum of
+    /// one and short timeouts (a master is down after 1 s without answers), and waits
+    /// until it answers for the master.
+    pub fn start(master: SocketAddr, name: &str) -> io::Result<Self> {
+        let program = program("redis-server")?;
+        start_on_free_port(|port| {
+            let dir = tempfile::Builder::new().prefix("dlock-sentinel-").tempdir()?;
+            let conf = dir.path().join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+                     sentinel monitor {name} {ip} {master_port} 1\n\
+                     sentinel down-after-milliseconds {name} 1000\n\
+                     sentinel failover-timeout {name} 5000\n\
+                     sentinel parallel-syncs {name} 1\n",
+                    dir = dir.path().display(),
+                    ip = master.ip(),
+                    master_port = master.port(),
+                ),
+            )?;
+            let spec =
+                CommandSpec::new(&program).args([conf.display().to_string(), "--sentinel".into()]).cwd(dir.path());
+            let mut process =
+                ServerProcess::spawn(format!("redis-sentinel:{port}"), spec, dir.path().join("sentinel.log"))?;
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            wait_for_port(addr, &mut process, Duration::from_secs(10))?;
+            let sentinel = RedisSentinel { process, addr, master: name.to_string(), _dir: dir };
+            wait_until(Duration::from_secs(10), "the sentinel knows the master", || {
+                Ok(sentinel.master_addr().is_ok_and(|a| a == master))
+            })?;
+            Ok(sentinel)
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `redis+sentinel://127.0.0.1:<port>/<master name>`.
+    pub fn url(&self) -> String {
+        format!("redis+sentinel://{}/{}", self.addr, self.master)
+    }
+
+    /// The master's address as the Sentinel sees it now.
+    pub fn master_addr(&self) -> io::Result<SocketAddr> {
+        let out = cli(self.addr, &["SENTINEL", "get-master-addr-by-name", &self.master])?;
+        let mut lines = out.lines();
+        let (Some(ip), Some(port)) = (lines.next(), lines.next()) else {
+            return Err(io::Error::other(format!("no master address in {out:?}")));
+        };
+        format!("{ip}:{port}").parse().map_err(|e| io::Error::other(format!("master address {ip}:{port}: {e}")))
+    }
+
+    /// Waits until the Sentinel knows `replicas` replicas of the master.
+    pub fn wait_for_replicas(&self, replicas: usize) -> io::Result<()> {
+        wait_until(Duration::from_secs(30), "the sentinel knows the replicas", || {
+            let out = cli(self.addr, &["SENTINEL", "replicas", &self.master])?;
+            Ok(out.matches("flags\nslave\n").count() >= replicas)
+        })
+    }
+
+    /// Forces a failover (`SENTINEL FAILOVER`) and waits until the Sentinel names a
+    /// master other than `old`; returns the new master's address.
+    pub fn failover(&self, old: SocketAddr) -> io::Result<SocketAddr> {
+        cli(self.addr, &["SENTINEL", "FAILOVER", &self.master])?;
+        let mut new = old;
+        wait_until(Duration::from_secs(30), "the sentinel promotes a replica", || {
+            new = self.master_addr()?;
+            Ok(new != old)
+        })?;
+        Ok(new)
+    }
+
+    /// The process, for kill, pause and restart.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
     }
 }

@@ -1,0 +1,55 @@
+//! The raw baseline for `dlock bench`: the acquire and release script calls of an
+//! uncontended lock (and a renewal), sent straight over the same kind of connection,
+//! without a client, leases, renewal scheduling or pub/sub.
+
+use async_trait::async_trait;
+use dlock_core::{LockError, LockName, RawBaseline, DEFAULT_TTL};
+
+use crate::backend::{acquire_call, release_call, renew_call};
+use crate::config::ReplicaAck;
+use crate::connection::RedisConnection;
+use crate::error::to_lock_error;
+use crate::keys::KeyLayout;
+use crate::scripts::{ttl_millis, AcquireReply, Invocation};
+
+/// The owner field every baseline call uses.
+const OWNER_FIELD: &str = "owner:raw-baseline";
+
+/// The Redis raw baseline (see [`raw_baseline`](crate::raw_baseline)).
+pub struct RedisBaseline {
+    conn: RedisConnection,
+    layout: KeyLayout,
+    replica_ack: Option<ReplicaAck>,
+}
+
+impl RedisBaseline {
+    pub(crate) fn new(conn: RedisConnection, layout: KeyLayout, replica_ack: Option<ReplicaAck>) -> Self {
+        RedisBaseline { conn, layout, replica_ack }
+    }
+
+    async fn send(&self, call: &Invocation) -> Result<redis::Value, LockError> {
+        let mut conn = self.conn.clone();
+        let reply = match self.replica_ack {
+            None => call.run(&mut conn).await,
+            Some(ack) => call.run_acked(&mut conn, ack).await.map(|(reply, _)| reply),
+        };
+        reply.map_err(to_lock_error)
+    }
+}
+
+#[async_trait]
+impl RawBaseline for RedisBaseline {
+    async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
+        let keys = self.layout.lock(name);
+        let reply = self.send(&acquire_call(&keys, OWNER_FIELD, ttl_millis(DEFAULT_TTL))).await?;
+        match AcquireReply::parse(reply).map_err(to_lock_error)? {
+            AcquireReply::Granted(token) => self.send(&release_call(&keys, OWNER_FIELD, token)).await.map(drop),
+            AcquireReply::Busy(_) => Err(LockError::Timeout),
+        }
+    }
+
+    async fn renew(&self, name: &LockName) -> Result<(), LockError> {
+        let keys = self.layout.lock(name);
+        self.send(&renew_call(&keys, OWNER_FIELD, 0, ttl_millis(DEFAULT_TTL))).await.map(drop)
+    }
+}

@@ -1,0 +1,559 @@
+//! How to reach Redis: the deployment (one server, a Cluster, or a master found through
+//! Sentinel), credentials, TLS, timeouts, the key prefix and replica acknowledgement,
+//! read from a URL or set with builder methods.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dlock_core::{parse_duration, percent_decode, ConnectOptions, LockError};
+
+use crate::keys::KeyLayout;
+
+/// The port of a Redis server when the URL names none.
+pub const DEFAULT_PORT: u16 = 6379;
+
+/// The port of a Sentinel when the URL names none.
+pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
+
+/// The URL schemes this crate accepts, for a facade that picks a backend by scheme.
+pub const SCHEMES: &[&str] =
+    &["redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"];
+
+/// One `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Node {
+    /// A host name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// The TCP port.
+    pub port: u16,
+}
+
+impl Node {
+    /// A node at `host:port`.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Node { host: host.into(), port }
+    }
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Which Redis deployment the locks live on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One server (a master, possibly with replicas that the client never talks to).
+    Single(Node),
+    /// A Redis Cluster, found through any of these seed nodes.
+    Cluster(Vec<Node>),
+    /// The current master of the Sentinel-monitored group `master`, found through these
+    /// Sentinels (and found again after a failover).
+    Sentinel {
+        /// Sentinel addresses.
+        sentinels: Vec<Node>,
+        /// The monitored group's name (`sentinel monitor <name> ...`).
+        master: String,
+    },
+}
+
+/// Replica acknowledgement after each grant and renewal: `WAIT replicas timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAck {
+    /// How many replicas must have the write.
+    pub replicas: u32,
+    /// How long the server waits for them.
+    pub timeout: Duration,
+}
+
+/// The settings of a Redis lock client.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_redis::{RedisConfig, Topology};
+///
+/// let config = RedisConfig::from_url("redis://app:s3cret@cache.internal:6380/2?op_timeout=500ms&prefix=shop")?;
+/// assert_eq!(config.db(), 2);
+/// assert_eq!(config.op_timeout(), Duration::from_millis(500));
+/// assert_eq!(config.prefix(), "shop");
+///
+/// let cluster = RedisConfig::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?;
+/// assert!(matches!(cluster.topology(), Topology::Cluster(nodes) if nodes.len() == 2));
+///
+/// let sentinel = RedisConfig::from_url("redis+sentinel://10.0.0.5,10.0.0.6/orders?wait_replicas=1")?;
+/// assert!(matches!(sentinel.topology(), Topology::Sentinel { master, .. } if master == "orders"));
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    topology: Topology,
+    tls: bool,
+    tls_ca: Option<PathBuf>,
+    username: Option<String>,
+    password: Option<String>,
+    sentinel_username: Option<String>,
+    sentinel_password: Option<String>,
+    db: i64,
+    connect_timeout: Duration,
+    op_timeout: Duration,
+    prefix: String,
+    replica_ack: Option<ReplicaAck>,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secret = |s: &Option<String>| s.as_ref().map(|_| "<redacted>");
+        f.debug_struct("RedisConfig")
+            .field("topology", &self.topology)
+            .field("tls", &self.tls)
+            .field("tls_ca", &self.tls_ca)
+            .field("username", &self.username)
+            .field("password", &secret(&self.password))
+            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password", &secret(&self.sentinel_password))
+            .field("db", &self.db)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .field("prefix", &self.prefix)
+            .field("replica_ack", &self.replica_ack)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// One server at `host:port`, with the defaults of [`ConnectOptions`].
+    pub fn single(host: impl Into<String>, port: u16) -> Self {
+        Self::with_topology(Topology::Single(Node::new(host, port)))
+    }
+
+    /// A Redis Cluster reached through these seed nodes.
+    pub fn cluster(seeds: impl IntoIterator<Item = Node>) -> Self {
+        Self::with_topology(Topology::Cluster(seeds.into_iter().collect()))
+    }
+
+    /// The master of the Sentinel group `master`, found through these Sentinels.
+    pub fn sentinel(sentinels: impl IntoIterator<Item = Node>, master: impl Into<String>) -> Self {
+        Self::with_topology(Topology::Sentinel { sentinels: sentinels.into_iter().collect(), master: master.into() })
+    }
+
+    fn with_topology(topology: Topology) -> Self {
+        let common = ConnectOptions::default();
+        RedisConfig {
+            topology,
+            tls: false,
+            tls_ca: None,
+            username: None,
+            password: None,
+            sentinel_username: None,
+            sentinel_password: None,
+            db: 0,
+            connect_timeout: common.connect_timeout,
+            op_timeout: common.op_timeout,
+            prefix: common.prefix,
+            replica_ack: None,
+        }
+    }
+
+    /// Parses a URL:
+    ///
+    /// - `redis://[user[:password]@]host[:port][/db]` (`rediss://` for TLS): one server;
+    /// - `redis+cluster://[user[:password]@]host:port,host:port,...`: a Cluster, through
+    ///   its seed nodes;
+    /// - `redis+sentinel://[user[:password]@]host:port,.../master[/db]`: the master of a
+    ///   Sentinel group (the credentials are the master's; `sentinel_username` and
+    ///   `sentinel_password` give the Sentinels' own).
+    ///
+    /// Query options: `connect_timeout`, `op_timeout`, `prefix` (as every backend);
+    /// `wait_replicas=N` with `wait_timeout=<duration>` (default 100ms) to demand that N
+    /// replicas acknowledge each grant and renewal; `tls_ca=<path>`, a PEM file of the CA
+    /// certificates to trust instead of the system's (with `rediss`). Unknown options are
+    /// `InvalidInput`.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let bad = |why: &str| LockError::InvalidInput(format!("bad Redis URL {}: {why}", redact(url)));
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("expected scheme://"))?;
+        let (tls, kind) = match scheme.to_ascii_lowercase().as_str() {
+            "redis" => (false, Kind::Single),
+            "rediss" => (true, Kind::Single),
+            "redis+cluster" => (false, Kind::Cluster),
+            "rediss+cluster" => (true, Kind::Cluster),
+            "redis+sentinel" => (false, Kind::Sentinel),
+            "rediss+sentinel" => (true, Kind::Sentinel),
+            _ => return Err(bad(&format!("unknown scheme (use one of {})", SCHEMES.join(", ")))),
+        };
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let default_port = if kind == Kind::Sentinel { DEFAULT_SENTINEL_PORT } else { DEFAULT_PORT };
+        let nodes = hosts
+            .split(',')
+            .map(|h| parse_node(h, default_port).map_err(|why| bad(&why)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let (master, db) = match kind {
+            Kind::Sentinel => match segments.as_slice() {
+                [master] => (Some(percent_decode(master)?), None),
+                [master, db] => (Some(percent_decode(master)?), Some(*db)),
+                _ => return Err(bad("expected /<master name>[/<db>] after the Sentinel addresses")),
+            },
+            _ => match segments.as_slice() {
+                [] => (None, None),
+                [db] => (None, Some(*db)),
+                _ => return Err(bad("expected at most /<db> after the address")),
+            },
+        };
+        let mut config = match kind {
+            Kind::Single => {
+                if nodes.len() != 1 {
+                    return Err(bad("one host expected (use redis+cluster:// for several)"));
+                }
+                Self::with_topology(Topology::Single(nodes.into_iter().next().expect("one node")))
+            }
+            Kind::Cluster => Self::cluster(nodes),
+            Kind::Sentinel => Self::sentinel(nodes, master.expect("sentinel master parsed")),
+        };
+        config.tls = tls;
+        if let Some(db) = db {
+            config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?;
+        }
+        if let Some(userinfo) = userinfo {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((user, password)) => (user, Some(password)),
+                None => (userinfo, None),
+            };
+            config.username = Some(percent_decode(user)?).filter(|u| !u.is_empty());
+            config.password = password.map(percent_decode).transpose()?;
+        }
+
+        let (common, rest) = ConnectOptions::from_query(query)?;
+        config.connect_timeout = common.connect_timeout;
+        config.op_timeout = common.op_timeout;
+        config.prefix = common.prefix;
+        let mut replicas = None;
+        let mut wait_timeout = None;
+        for (key, value) in rest {
+            match key.as_str() {
+                "wait_replicas" => {
+                    replicas = Some(value.parse::<u32>().map_err(|_| bad("wait_replicas must be a number"))?);
+                }
+                "wait_timeout" => wait_timeout = Some(parse_duration(&value)?),
+                "tls_ca" => config.tls_ca = Some(PathBuf::from(value)),
+                "sentinel_username" => config.sentinel_username = Some(value),
+                "sentinel_password" => config.sentinel_password = Some(value),
+                other => return Err(bad(&format!("unknown option {other:?}"))),
+            }
+        }
+        match (replicas, wait_timeout) {
+            (Some(replicas), timeout) => {
+                config.replica_ack =
+                    Some(ReplicaAck { replicas, timeout: timeout.unwrap_or(Duration::from_millis(100)) });
+            }
+            (None, Some(_)) => return Err(bad("wait_timeout needs wait_replicas")),
+            (None, None) => {}
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the settings together; [`connect`](crate::connect) calls it too.
+    pub fn validate(&self) -> Result<(), LockError> {
+        let bad = |why: String| Err(LockError::InvalidInput(why));
+        KeyLayout::new(&self.prefix)?;
+        let nodes = match &self.topology {
+            Topology::Single(node) => std::slice::from_ref(node),
+            Topology::Cluster(nodes) => nodes.as_slice(),
+            Topology::Sentinel { sentinels, master } => {
+                if master.is_empty() {
+                    return bad("the Sentinel master name is empty".into());
+                }
+                sentinels.as_slice()
+            }
+        };
+        if nodes.is_empty() {
+            return bad("no Redis address given".into());
+        }
+        if nodes.iter().any(|n| n.host.is_empty() || n.port == 0) {
+            return bad("a Redis address has an empty host or port 0".into());
+        }
+        if self.tls_ca.is_some() && !self.tls {
+            return bad("tls_ca needs TLS (rediss://)".into());
+        }
+        if self.db < 0 {
+            return bad(format!("database {} is negative", self.db));
+        }
+        if matches!(self.topology, Topology::Cluster(_)) && self.db != 0 {
+            return bad("a Redis Cluster has only database 0".into());
+        }
+        if self.connect_timeout.is_zero() || self.op_timeout.is_zero() {
+            return bad("timeouts must be above zero".into());
+        }
+        if let Some(ack) = self.replica_ack {
+            if ack.replicas == 0 {
+                return bad("wait_replicas must be at least 1".into());
+            }
+            // WAIT 0 would block forever; a wait at least as long as an operation would
+            // turn every grant into a timeout.
+            if ack.timeout < Duration::from_millis(1) || ack.timeout >= self.op_timeout {
+                return bad(format!(
+                    "wait_timeout {:?} must be at least 1ms and below op_timeout {:?}",
+                    ack.timeout, self.op_timeout
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Uses TLS (`rediss://`), verifying the server against the system's root certificates.
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Trusts the CA certificates in this PEM file (instead of the system's) for TLS.
+    pub fn with_tls_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca = Some(path.into());
+        self
+    }
+
+    /// ACL user name and password (or only a password, for `requirepass` servers).
+    pub fn with_credentials(mut self, username: Option<&str>, password: Option<&str>) -> Self {
+        self.username = username.map(str::to_string);
+        self.password = password.map(str::to_string);
+        self
+    }
+
+    /// The Sentinels' own ACL user name and password, when they differ from the master's.
+    pub fn with_sentinel_credentials(mut self, username: Option<&str>, password: Option<&str>) -> Self {
+        self.sentinel_username = username.map(str::to_string);
+        self.sentinel_password = password.map(str::to_string);
+        self
+    }
+
+    /// The logical database (not on a Cluster).
+    pub fn with_db(mut self, db: i64) -> Self {
+        self.db = db;
+        self
+    }
+
+    /// How long connecting may take before `Unavailable`.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one command may take before `Unavailable`.
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// The key prefix (default `dlock`). It may not contain `{` or `}`, which would
+    /// break the hash tag that keeps a lock's keys in one Cluster slot.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Demands that `replicas` replicas acknowledge each grant and renewal within
+    /// `timeout` (`WAIT`); a grant they do not acknowledge is given back and fails with
+    /// `QuorumNotReached`.
+    pub fn with_replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_ack = Some(ReplicaAck { replicas, timeout });
+        self
+    }
+
+    /// The deployment.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Whether TLS is used.
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The CA file trusted for TLS, if not the system's roots.
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.tls_ca.as_deref()
+    }
+
+    /// The ACL user name, if any.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
+    /// The password, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The Sentinels' user name, if any.
+    pub fn sentinel_username(&self) -> Option<&str> {
+        self.sentinel_username.as_deref()
+    }
+
+    /// The Sentinels' password, if any.
+    pub fn sentinel_password(&self) -> Option<&str> {
+        self.sentinel_password.as_deref()
+    }
+
+    /// The logical database.
+    pub fn db(&self) -> i64 {
+        self.db
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The operation timeout.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The replica acknowledgement demanded, if any.
+    pub fn replica_ack(&self) -> Option<ReplicaAck> {
+        self.replica_ack
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
+fn parse_node(text: &str, default_port: u16) -> Result<Node, String> {
+    let text = text.trim();
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or_else(|| format!("unclosed [ in {text:?}"))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match text.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("empty host in {text:?}"));
+    }
+    let port = match port {
+        Some(port) => port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| format!("bad port in {text:?}"))?,
+        None => default_port,
+    };
+    Ok(Node::new(host, port))
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{hosts}{}", &rest[authority_end..])
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_single_server_urls() {
+        let c = RedisConfig::from_url("redis://localhost").unwrap();
+        assert_eq!(c.topology(), &Topology::Single(Node::new("localhost", 6379)));
+        assert!(!c.tls());
+        assert_eq!(c.db(), 0);
+        assert_eq!(c.prefix(), "dlock");
+
+        let c = RedisConfig::from_url("rediss://u%40x:p%3Aw@[::1]:7000/3?connect_timeout=2s").unwrap();
+        assert_eq!(c.topology(), &Topology::Single(Node::new("::1", 7000)));
+        assert!(c.tls());
+        assert_eq!((c.username(), c.password()), (Some("u@x"), Some("p:w")));
+        assert_eq!(c.db(), 3);
+        assert_eq!(c.connect_timeout(), Duration::from_secs(2));
+
+        let c = RedisConfig::from_url("redis://:onlypass@h:1").unwrap();
+        assert_eq!((c.username(), c.password()), (None, Some("onlypass")));
+    }
+
+    #[test]
+    fn parses_cluster_and_sentinel_urls() {
+        let c = RedisConfig::from_url("redis+cluster://a:1,b:2,c").unwrap();
+        assert_eq!(c.topology(), &Topology::Cluster(vec![Node::new("a", 1), Node::new("b", 2), Node::new("c", 6379)]));
+        let c = RedisConfig::from_url("rediss+sentinel://s1,s2:5000/my%20master/4?sentinel_password=x").unwrap();
+        assert_eq!(
+            c.topology(),
+            &Topology::Sentinel {
+                sentinels: vec![Node::new("s1", 26379), Node::new("s2", 5000)],
+                master: "my master".into()
+            }
+        );
+        assert_eq!(c.db(), 4);
+        assert_eq!(c.sentinel_password(), Some("x"));
+    }
+
+    #[test]
+    fn parses_replica_acknowledgement() {
+        let c = RedisConfig::from_url("redis://h?wait_replicas=2&wait_timeout=50ms").unwrap();
+        assert_eq!(c.replica_ack(), Some(ReplicaAck { replicas: 2, timeout: Duration::from_millis(50) }));
+        let c = RedisConfig::from_url("redis://h?wait_replicas=1").unwrap();
+        assert_eq!(c.replica_ack().map(|a| a.timeout), Some(Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for url in [
+            "http://h",
+            "redis//h",
+            "redis://",
+            "redis://h:0",
+            "redis://h:99999",
+            "redis://h:x",
+            "redis://a,b",
+            "redis://h/x",
+            "redis://h/1/2",
+            "redis://h/-1",
+            "redis+cluster://a,b/1",
+            "redis+sentinel://s",
+            "redis+sentinel://s/m/1/2",
+            "redis://h?unknown=1",
+            "redis://h?prefix=a{b",
+            "redis://h?prefix=a}b",
+            "redis://h?wait_timeout=1s",
+            "redis://h?wait_replicas=0",
+            "redis://h?wait_replicas=x",
+            "redis://h?wait_replicas=1&wait_timeout=10s&op_timeout=1s",
+            "redis://h?tls_ca=/ca.pem",
+            "redis://[::1",
+        ] {
+            assert!(matches!(RedisConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");
+        }
+    }
+
+    #[test]
+    fn never_shows_passwords() {
+        let err = RedisConfig::from_url("redis://user:hunter2@h?nope=1").unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        let config = RedisConfig::from_url("redis://user:hunter2@h").unwrap();
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,349 @@
+//! Connections to Redis: one multiplexed, reconnecting command connection per client
+//! (to one server, a Cluster, or the master a Sentinel names), and the means to open a
+//! connection to a single node for pub/sub.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisFuture,
+    RedisResult, TlsCertificates, TlsMode, Value,
+};
+
+use dlock_core::LockError;
+
+use crate::config::{Node, RedisConfig, Topology};
+use crate::error::{suggests_failover, to_lock_error};
+
+/// Reconnection attempts per failed command before it fails (each bounded by the
+/// connect timeout, the whole by the operation timeout).
+const RECONNECT_RETRIES: usize = 2;
+
+/// A command connection: cheap to clone (clones share the connection), every command
+/// bounded by the operation timeout, reconnecting on its own after a failure.
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// One server.
+    Single(ConnectionManager),
+    /// A Cluster: one connection per node, commands routed by slot.
+    Cluster(ClusterConnection),
+    /// The master a Sentinel names, looked up again after a failure.
+    Sentinel(SentinelConnection),
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConnection::Single(conn) => conn.req_packed_command(cmd),
+            RedisConnection::Cluster(conn) => conn.req_packed_command(cmd),
+            RedisConnection::Sentinel(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConnection::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConnection::Single(conn) => conn.get_db(),
+            RedisConnection::Cluster(conn) => conn.get_db(),
+            RedisConnection::Sentinel(conn) => conn.current().get_db(),
+        }
+    }
+}
+
+impl RedisConnection {
+    /// Tells the connection that the server may no longer be the master (a write was not
+    /// acknowledged by the replicas it should have): through Sentinel, the master is
+    /// looked up again. Elsewhere nothing happens.
+    pub fn suspect_failover(&self) {
+        if let RedisConnection::Sentinel(conn) = self {
+            conn.resolve_again();
+        }
+    }
+}
+
+/// Where to open a single-node connection (for pub/sub): the server, any Cluster node
+/// (a `PUBLISH` reaches every node of a Cluster), or the master Sentinel names now.
+#[derive(Clone)]
+pub enum NodeSource {
+    /// One server.
+    Single(Box<Client>),
+    /// The Cluster's seed nodes, tried in turn.
+    Cluster(Vec<Client>),
+    /// Sentinel's current master.
+    Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
+}
+
+impl NodeSource {
+    /// A client for a node; `attempt` counts the failures so far, to rotate through
+    /// Cluster seeds.
+    pub async fn client(&self, attempt: usize) -> RedisResult<Client> {
+        match self {
+            NodeSource::Single(client) => Ok((**client).clone()),
+            NodeSource::Cluster(clients) => Ok(clients[attempt % clients.len()].clone()),
+            NodeSource::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await,
+        }
+    }
+}
+
+/// A connected client's command connection and its source of pub/sub nodes.
+pub struct Connected {
+    /// The command connection.
+    pub commands: RedisConnection,
+    /// Where pub/sub connections go.
+    pub nodes: NodeSource,
+}
+
+/// Connects as `config` says, within its connect timeout, and loads the lock scripts.
+/// `Unavailable` when no server answers in time.
+pub async fn connect(config: &RedisConfig) -> Result<Connected, LockError> {
+    config.validate()?;
+    if config.tls() {
+        // rustls needs a process-wide crypto provider; an error means one is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let ca = match config.tls_ca() {
+        Some(path) => Some(std::fs::read(path).map_err(|err| {
+            LockError::InvalidInput(format!("cannot read the TLS CA file {}: {err}", path.display()))
+        })?),
+        None => None,
+    };
+    let timeout = config.connect_timeout();
+    let attempt = async {
+        let connected = open(config, ca.as_deref()).await?;
+        let mut commands = connected.commands.clone();
+        crate::scripts::scripts().load_all(&mut commands).await?;
+        Ok::<_, redis::RedisError>(connected)
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Ok(connected)) => Ok(connected),
+        Ok(Err(err)) if crate::error::is_transient(&err) => {
+            Err(LockError::Unavailable(format!("cannot connect to Redis ({}): {err}", describe(config))))
+        }
+        Ok(Err(err)) => Err(to_lock_error(err)),
+        Err(_) => {
+            Err(LockError::Unavailable(format!("cannot connect to Redis ({}) within {timeout:?}", describe(config))))
+        }
+    }
+}
+
+/// The CA certificates to trust, when not the system's.
+fn certificates(ca: Option<&[u8]>) -> Option<TlsCertificates> {
+    ca.map(|pem| TlsCertificates { client_tls: None, root_cert: Some(pem.to_vec()) })
+}
+
+fn client(info: ConnectionInfo, ca: Option<&[u8]>) -> RedisResult<Client> {
+    match certificates(ca) {
+        Some(certs) => Client::build_with_tls(info, certs),
+        None => Client::open(info),
+    }
+}
+
+async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected> {
+    match config.topology() {
+        Topology::Single(node) => {
+            let client = client(node_info(node, config), ca)?;
+            let manager = ConnectionManager::new_with_config(client.clone(), manager_config(config)).await?;
+            Ok(Connected { commands: RedisConnection::Single(manager), nodes: NodeSource::Single(Box::new(client)) })
+        }
+        Topology::Cluster(seeds) => {
+            let infos: Vec<ConnectionInfo> = seeds.iter().map(|node| node_info(node, config)).collect();
+            let mut builder = ClusterClientBuilder::new(infos.clone())
+                .connection_timeout(config.connect_timeout())
+                .response_timeout(config.op_timeout())
+                .retries(RECONNECT_RETRIES as u32);
+            if let Some(username) = config.username() {
+                builder = builder.username(username);
+            }
+            if let Some(password) = config.password() {
+                builder = builder.password(password);
+            }
+            if config.tls() {
+                builder = builder.tls(TlsMode::Secure);
+            }
+            if let Some(certs) = certificates(ca) {
+                builder = builder.certs(certs);
+            }
+            let conn = builder.build()?.get_async_connection().await?;
+            let clients = infos.into_iter().map(|info| client(info, ca)).collect::<RedisResult<Vec<_>>>()?;
+            Ok(Connected { commands: RedisConnection::Cluster(conn), nodes: NodeSource::Cluster(clients) })
+        }
+        Topology::Sentinel { sentinels, master } => {
+            let addrs = sentinels.iter().map(|node| node_addr(node, config.tls()));
+            let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?
+                .set_client_to_redis_db(config.db());
+            if let Some(username) = config.username() {
+                builder = builder.set_client_to_redis_username(username);
+            }
+            if let Some(password) = config.password() {
+                builder = builder.set_client_to_redis_password(password);
+            }
+            if let Some(username) = config.sentinel_username() {
+                builder = builder.set_client_to_sentinel_username(username);
+            }
+            if let Some(password) = config.sentinel_password() {
+                builder = builder.set_client_to_sentinel_password(password);
+            }
+            if config.tls() {
+                builder = builder
+                    .set_client_to_redis_tls_mode(TlsMode::Secure)
+                    .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+            }
+            if let (Some(redis), Some(sentinel)) = (certificates(ca), certificates(ca)) {
+                builder = builder.set_client_to_redis_certificates(redis).set_client_to_sentinel_certificates(sentinel);
+            }
+            let sentinel = Arc::new(tokio::sync::Mutex::new(builder.build()?));
+            let conn = SentinelConnection::connect(sentinel.clone(), config).await?;
+            Ok(Connected { commands: RedisConnection::Sentinel(conn), nodes: NodeSource::Sentinel(sentinel) })
+        }
+    }
+}
+
+fn manager_config(config: &RedisConfig) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout()))
+        .set_response_timeout(Some(config.op_timeout()))
+        .set_number_of_retries(RECONNECT_RETRIES)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(200))
+}
+
+fn node_addr(node: &Node, tls: bool) -> ConnectionAddr {
+    if tls {
+        ConnectionAddr::TcpTls { host: node.host.clone(), port: node.port, insecure: false, tls_params: None }
+    } else {
+        ConnectionAddr::Tcp(node.host.clone(), node.port)
+    }
+}
+
+/// The connection settings of one node: address, TLS, credentials, database.
+pub fn node_info(node: &Node, config: &RedisConfig) -> ConnectionInfo {
+    let mut redis = RedisConnectionInfo::default().set_db(config.db());
+    if let Some(username) = config.username() {
+        redis = redis.set_username(username);
+    }
+    if let Some(password) = config.password() {
+        redis = redis.set_password(password);
+    }
+    node_addr(node, config.tls())
+        .into_connection_info()
+        .expect("a TCP address always makes connection info")
+        .set_redis_settings(redis)
+}
+
+fn describe(config: &RedisConfig) -> String {
+    let list = |nodes: &[Node]| nodes.iter().map(Node::to_string).collect::<Vec<_>>().join(",");
+    match config.topology() {
+        Topology::Single(node) => node.to_string(),
+        Topology::Cluster(nodes) => format!("cluster {}", list(nodes)),
+        Topology::Sentinel { sentinels, master } => format!("master {master:?} of sentinels {}", list(sentinels)),
+    }
+}
+
+/// A connection to the master a Sentinel names. When a command fails in a way that
+/// suggests a failover (the connection broke, the server became a read-only replica),
+/// the master is looked up again in the background and later commands go to it.
+#[derive(Clone)]
+pub struct SentinelConnection {
+    inner: Arc<SentinelInner>,
+}
+
+struct SentinelInner {
+    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+    current: Mutex<ConnectionManager>,
+    resolving: AtomicBool,
+    manager_config: ConnectionManagerConfig,
+    connect_timeout: Duration,
+}
+
+impl SentinelConnection {
+    async fn connect(sentinel: Arc<tokio::sync::Mutex<SentinelClient>>, config: &RedisConfig) -> RedisResult<Self> {
+        let client = sentinel.lock().await.async_get_client().await?;
+        let manager_config = manager_config(config);
+        let manager = ConnectionManager::new_with_config(client, manager_config.clone()).await?;
+        Ok(SentinelConnection {
+            inner: Arc::new(SentinelInner {
+                sentinel,
+                current: Mutex::new(manager),
+                resolving: AtomicBool::new(false),
+                manager_config,
+                connect_timeout: config.connect_timeout(),
+            }),
+        })
+    }
+
+    fn current(&self) -> ConnectionManager {
+        self.inner.current.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn after<T>(&self, result: &RedisResult<T>) {
+        if let Err(err) = result {
+            if suggests_failover(err) {
+                self.resolve_again();
+            }
+        }
+    }
+
+    /// Looks the master up again, once at a time.
+    fn resolve_again(&self) {
+        if self.inner.resolving.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let lookup = async {
+                let client = inner.sentinel.lock().await.async_get_client().await?;
+                ConnectionManager::new_lazy_with_config(client, inner.manager_config.clone())
+            };
+            match tokio::time::timeout(inner.connect_timeout, lookup).await {
+                Ok(Ok(manager)) => *inner.current.lock().unwrap_or_else(|p| p.into_inner()) = manager,
+                Ok(Err(err)) => tracing::debug!(%err, "looking up the Redis master through Sentinel failed"),
+                Err(_) => tracing::debug!("looking up the Redis master through Sentinel timed out"),
+            }
+            inner.resolving.store(false, Ordering::SeqCst);
+        });
+    }
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.current().send_packed_command(cmd).await;
+            self.after(&result);
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self.current().send_packed_commands(pipeline, offset, count).await;
+            self.after(&result);
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.current().get_db()
+    }
+}

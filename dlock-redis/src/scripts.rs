@@ -1,0 +1,326 @@
+//! The Lua scripts that make each lock operation one atomic round trip, and how they are
+//! called: `EVALSHA`, loading the script again when the server answers `NOSCRIPT` (after a
+//! restart or a `SCRIPT FLUSH`), optionally pipelined with `WAIT` for replicas.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{cmd, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value};
+
+use crate::config::ReplicaAck;
+
+/// Grants when the hold is free or already the owner's, else reports the remaining ttl.
+///
+/// KEYS: hold, fence counter. ARGV: owner field, ttl in ms.
+/// Returns `{1, token}` when granted, `{0, pttl}` when busy.
+const ACQUIRE: &str = r#"
+local count = redis.call('hget', KEYS[1], ARGV[1])
+if count then
+  redis.call('hincrby', KEYS[1], ARGV[1], 1)
+  local ttl = tonumber(ARGV[2])
+  if redis.call('pttl', KEYS[1]) < ttl then
+    redis.call('pexpire', KEYS[1], ttl)
+  end
+  return {1, tonumber(redis.call('hget', KEYS[1], 'token'))}
+end
+if redis.call('exists', KEYS[1]) == 1 then
+  return {0, redis.call('pttl', KEYS[1])}
+end
+local token = redis.call('incr', KEYS[2])
+redis.call('hset', KEYS[1], ARGV[1], 1, 'token', token)
+redis.call('pexpire', KEYS[1], ARGV[2])
+return {1, token}
+"#;
+
+/// Keeps the owner's hold (with this token) for at least the ttl from now.
+///
+/// KEYS: hold. ARGV: owner field, token, ttl in ms.
+/// Returns 1 when renewed, 0 when the hold is gone, -1 when another hold is there.
+const RENEW: &str = r#"
+local token = redis.call('hget', KEYS[1], 'token')
+if not token then
+  return 0
+end
+if token ~= ARGV[2] or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+  return -1
+end
+local ttl = tonumber(ARGV[3])
+if redis.call('pttl', KEYS[1]) < ttl then
+  redis.call('pexpire', KEYS[1], ttl)
+end
+return 1
+"#;
+
+/// Releases one hold of the owner (with this token); the last one frees the lock and
+/// publishes the token on the lock's channel.
+///
+/// KEYS: hold. ARGV: owner field, token, channel.
+/// Returns 1 when released, 0 when the hold was not ours.
+const RELEASE: &str = r#"
+if redis.call('hget', KEYS[1], 'token') ~= ARGV[2] or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
+  return 1
+end
+redis.call('del', KEYS[1])
+redis.call('publish', ARGV[3], ARGV[2])
+return 1
+"#;
+
+/// Reads the hold in one consistent view.
+///
+/// KEYS: hold. Returns `{}` when free, else `{owner, count, token, pttl}`.
+const INSPECT: &str = r#"
+local fields = redis.call('hgetall', KEYS[1])
+local owner, count, token = false, 0, 0
+for i = 1, #fields, 2 do
+  local field = fields[i]
+  if field == 'token' then
+    token = tonumber(fields[i + 1])
+  elseif string.sub(field, 1, 6) == 'owner:' then
+    owner = string.sub(field, 7)
+    count = tonumber(fields[i + 1])
+  end
+end
+if not owner then
+  return {}
+end
+return {owner, count, token, redis.call('pttl', KEYS[1])}
+"#;
+
+/// The scripts, hashed once per process.
+pub struct Scripts {
+    /// See the acquire script.
+    pub acquire: Script,
+    /// See the renew script.
+    pub renew: Script,
+    /// See the release script.
+    pub release: Script,
+    /// See the inspect script.
+    pub inspect: Script,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    acquire: Script::new(ACQUIRE),
+    renew: Script::new(RENEW),
+    release: Script::new(RELEASE),
+    inspect: Script::new(INSPECT),
+});
+
+/// The scripts of this crate.
+pub fn scripts() -> &'static Scripts {
+    &SCRIPTS
+}
+
+impl Scripts {
+    /// Every script, for loading them up front.
+    pub fn all(&self) -> [&Script; 4] {
+        [&self.acquire, &self.renew, &self.release, &self.inspect]
+    }
+
+    /// `SCRIPT LOAD`s every script (on every node of a Cluster), so that the first call
+    /// of each is a plain `EVALSHA`.
+    pub async fn load_all<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<()> {
+        for script in self.all() {
+            script.load_async(conn).await?;
+        }
+        Ok(())
+    }
+}
+
+/// One `EVALSHA` of a script with its keys and arguments, built once and sent as often
+/// as needed.
+pub struct Invocation {
+    script: &'static Script,
+    cmd: Cmd,
+}
+
+impl Invocation {
+    /// `EVALSHA <sha> <number of keys> <keys...>`; add the arguments with [`arg`](Self::arg).
+    pub fn new(script: &'static Script, keys: &[&str]) -> Self {
+        let mut cmd = cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        Invocation { script, cmd }
+    }
+
+    /// Adds an argument.
+    pub fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call, loading the script again if the server lost it.
+    pub async fn run<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<Value> {
+        match self.cmd.query_async(conn).await {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+
+    /// Sends the call and `WAIT` in one pipeline on one connection (so that `WAIT` counts
+    /// the replicas that have this very write), returning the script's reply and how many
+    /// replicas acknowledged.
+    pub async fn run_acked<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        ack: ReplicaAck,
+    ) -> RedisResult<(Value, u32)> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors().add_command(self.cmd.clone()).cmd("WAIT").arg(ack.replicas).arg(wait_millis(ack.timeout));
+        let mut loaded = false;
+        loop {
+            let (reply, acked): (Value, Value) = pipe.query_async(conn).await?;
+            match reply {
+                Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript) && !loaded => {
+                    self.script.load_async(conn).await?;
+                    loaded = true;
+                }
+                Value::ServerError(err) => return Err(err.into()),
+                reply => return Ok((reply, redis::from_redis_value(acked.extract_error()?)?)),
+            }
+        }
+    }
+}
+
+/// `WAIT`'s timeout in ms, never 0 (which would wait forever).
+fn wait_millis(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// A ttl in whole milliseconds, rounded up: the server must keep a hold at least as long
+/// as the client counts on it.
+pub fn ttl_millis(ttl: Duration) -> u64 {
+    let nanos = ttl.as_nanos();
+    u64::try_from(nanos.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// What the acquire script answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireReply {
+    /// Granted with this token.
+    Granted(u64),
+    /// Held by someone else for this much longer (`None`: the hold has no expiry).
+    Busy(Option<Duration>),
+}
+
+impl AcquireReply {
+    /// Reads the script's `{1, token}` or `{0, pttl}`.
+    pub fn parse(reply: Value) -> RedisResult<Self> {
+        let (granted, n): (i64, i64) = redis::from_redis_value(reply)?;
+        Ok(match (granted, n) {
+            (1, token) if token > 0 => AcquireReply::Granted(token as u64),
+            (0, pttl) if pttl >= 0 => AcquireReply::Busy(Some(Duration::from_millis(pttl as u64))),
+            (0, _) => AcquireReply::Busy(None),
+            _ => return Err(unexpected("acquire", &format!("{{{granted}, {n}}}"))),
+        })
+    }
+}
+
+/// What the renew script answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewReply {
+    /// The hold lasts the ttl from now.
+    Renewed,
+    /// Nobody holds the lock.
+    Gone,
+    /// Another hold is there.
+    Stolen,
+}
+
+impl RenewReply {
+    /// Reads the script's 1, 0 or -1.
+    pub fn parse(reply: Value) -> RedisResult<Self> {
+        match redis::from_redis_value::<i64>(reply)? {
+            1 => Ok(RenewReply::Renewed),
+            0 => Ok(RenewReply::Gone),
+            -1 => Ok(RenewReply::Stolen),
+            other => Err(unexpected("renew", &other.to_string())),
+        }
+    }
+}
+
+/// Reads the release script's answer: whether the hold was ours and is released.
+pub fn parse_release(reply: Value) -> RedisResult<bool> {
+    match redis::from_redis_value::<i64>(reply)? {
+        1 => Ok(true),
+        0 => Ok(false),
+        other => Err(unexpected("release", &other.to_string())),
+    }
+}
+
+/// The hold as the inspect script read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldView {
+    /// The owner id.
+    pub owner: String,
+    /// The hold count.
+    pub count: u32,
+    /// The fencing token.
+    pub token: u64,
+    /// The remaining ttl (`None`: no expiry).
+    pub remaining: Option<Duration>,
+}
+
+impl HoldView {
+    /// Reads the script's `{}` or `{owner, count, token, pttl}`.
+    pub fn parse(reply: Value) -> RedisResult<Option<Self>> {
+        let fields: Vec<Value> = redis::from_redis_value(reply)?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        let (owner, count, token, pttl): (String, i64, i64, i64) = redis::from_redis_value(Value::Array(fields))?;
+        Ok(Some(HoldView {
+            owner,
+            count: u32::try_from(count).unwrap_or(0),
+            token: u64::try_from(token).unwrap_or(0),
+            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        }))
+    }
+}
+
+fn unexpected(script: &str, reply: &str) -> redis::RedisError {
+    redis::RedisError::from((ErrorKind::UnexpectedReturnType, "unexpected script reply", format!("{script}: {reply}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{OWNER_FIELD_PREFIX, TOKEN_FIELD};
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_millis(10)), 10);
+        assert_eq!(ttl_millis(Duration::from_micros(10_001)), 11);
+        assert_eq!(ttl_millis(Duration::from_nanos(1)), 1);
+        assert_eq!(wait_millis(Duration::from_micros(10)), 1);
+    }
+
+    #[test]
+    fn scripts_use_the_documented_field_names() {
+        for script in [ACQUIRE, RENEW, RELEASE, INSPECT] {
+            assert!(script.contains(&format!("'{TOKEN_FIELD}'")));
+        }
+        assert!(INSPECT.contains(&format!("'{OWNER_FIELD_PREFIX}'")));
+        assert!(INSPECT.contains(&format!("string.sub(field, {})", OWNER_FIELD_PREFIX.len() + 1)));
+    }
+
+    #[test]
+    fn replies_parse() {
+        let int = Value::Int;
+        assert_eq!(AcquireReply::parse(Value::Array(vec![int(1), int(7)])).unwrap(), AcquireReply::Granted(7));
+        assert_eq!(
+            AcquireReply::parse(Value::Array(vec![int(0), int(250)])).unwrap(),
+            AcquireReply::Busy(Some(Duration::from_millis(250)))
+        );
+        assert_eq!(AcquireReply::parse(Value::Array(vec![int(0), int(-1)])).unwrap(), AcquireReply::Busy(None));
+        assert!(AcquireReply::parse(Value::Array(vec![int(2), int(1)])).is_err());
+        assert_eq!(RenewReply::parse(int(-1)).unwrap(), RenewReply::Stolen);
+        assert!(parse_release(int(1)).unwrap());
+        assert_eq!(HoldView::parse(Value::Array(vec![])).unwrap(), None);
+    }
+}

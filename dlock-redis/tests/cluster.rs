@@ -1,0 +1,97 @@
+//! A Redis Cluster of three masters: locks whose keys hash to slots on every node are
+//! acquired, contended, handed off (the release message crosses nodes) and released.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use conformance::supervisor::redis::{cli, RedisCluster};
+use dlock_core::{LockName, LockOptions, Locker};
+use dlock_redis::{KeyLayout, RedisConfig};
+
+fn slot_of(cluster: &RedisCluster, key: &str) -> u16 {
+    cli(cluster.addrs()[0], &["CLUSTER", "KEYSLOT", key]).unwrap().trim().parse().unwrap()
+}
+
+/// The slot ranges and the port of the node serving each, from `CLUSTER SLOTS`.
+fn owners(cluster: &RedisCluster) -> Vec<(u16, u16, u16)> {
+    // redis-cli prints CLUSTER SLOTS flat: start, end, ip, port, id, [replicas...].
+    let out = cli(cluster.addrs()[0], &["CLUSTER", "SLOTS"]).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    let mut ranges = Vec::new();
+    let mut i = 0;
+    while i + 3 < lines.len() {
+        if let (Ok(start), Ok(end), Ok(port)) =
+            (lines[i].parse::<u16>(), lines[i + 1].parse::<u16>(), lines[i + 3].parse::<u16>())
+        {
+            if lines[i + 2].contains('.') {
+                ranges.push((start, end, port));
+                i += 4;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    ranges
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_every_node_of_a_cluster() {
+    let cluster =
+        tokio::task::spawn_blocking(|| RedisCluster::start(3)).await.unwrap().expect("start a 3-master cluster");
+    let config = RedisConfig::from_url(&cluster.url())
+        .unwrap()
+        .with_op_timeout(support::OP_TIMEOUT)
+        .with_connect_timeout(Duration::from_secs(5));
+    let (a, b) = (dlock_redis::connect(config.clone()).await.unwrap(), dlock_redis::connect(config).await.unwrap());
+    let layout = KeyLayout::new("dlock").unwrap();
+    let ranges = owners(&cluster);
+    assert_eq!(ranges.iter().map(|r| r.2).collect::<std::collections::HashSet<_>>().len(), 3, "{ranges:?}");
+
+    // Names until every node serves at least two of them.
+    let mut by_node: HashMap<u16, Vec<LockName>> = HashMap::new();
+    let mut n = 0;
+    while by_node.len() < 3 || by_node.values().any(|names| names.len() < 2) {
+        let name = LockName::new(format!("cluster/{n}/{{odd}}")).unwrap();
+        n += 1;
+        let keys = layout.lock(&name);
+        let slot = slot_of(&cluster, &keys.hold);
+        assert_eq!(slot, slot_of(&cluster, &keys.fence), "a lock's keys must share a slot");
+        let port = ranges.iter().find(|(start, end, _)| (*start..=*end).contains(&slot)).expect("slot served").2;
+        by_node.entry(port).or_default().push(name);
+    }
+    let names: Vec<LockName> = by_node.values().flatten().cloned().collect();
+
+    let opts = LockOptions::watchdog(Duration::from_secs(30)).wait(Duration::from_secs(5));
+    let mut leases = Vec::new();
+    for name in &names {
+        let lease = a.acquire(name, &opts).await.unwrap_or_else(|e| panic!("acquire {name}: {e}"));
+        assert!(b.try_acquire(name, &opts).await.unwrap().is_none(), "{name} granted twice");
+        let holder = b.inspect(name).await.unwrap().holder.expect("held");
+        assert_eq!(holder.token, lease.token());
+        leases.push(lease);
+    }
+
+    // Hand-offs: the waiter's subscription is on one node, the release on another.
+    for lease in leases {
+        let name = lease.name().clone();
+        let first = lease.token();
+        let waiter = {
+            let (b, name, opts) = (b.clone(), name.clone(), opts.clone());
+            tokio::spawn(async move { b.acquire(&name, &opts).await })
+        };
+        conformance::properties::eventually("the waiter waits", Duration::from_secs(5), || async {
+            b.stats().waiting == 1
+        })
+        .await;
+        lease.release().await.unwrap();
+        let released = Instant::now();
+        let next = waiter.await.unwrap().unwrap_or_else(|e| panic!("hand-off of {name}: {e}"));
+        // The holder's ttl was 30 s: only the release message can have woken the waiter.
+        assert!(released.elapsed() < Duration::from_secs(3), "hand-off of {name} took {:?}", released.elapsed());
+        assert!(next.token() > first);
+        next.release().await.unwrap();
+        assert!(a.inspect(&name).await.unwrap().holder.is_none());
+    }
+}

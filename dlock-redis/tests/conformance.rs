@@ -1,0 +1,5 @@
+//! The Redis backend runs the whole shared suite against a real redis-server.
+
+mod support;
+
+conformance::suite!(support::RedisFixture::new());

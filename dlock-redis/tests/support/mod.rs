@@ -1,0 +1,155 @@
+//! The Redis fixture of the shared conformance suite, and helpers for this crate's tests.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::proxy::FaultProxy;
+use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
+use conformance::supervisor::{external_url, free_port};
+use conformance::{FaultyClient, Fixture, Timing};
+use dlock_core::{LockError, LockName, Locker};
+use dlock_redis::{RedisConfig, Topology};
+
+/// Operation timeout of the fixture's clients.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Connect timeout of the fixture's clients: connecting (and loading the scripts) on a
+/// loaded machine can take longer than one operation.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A redis-server the fixture started (or an external one from `DLOCK_TEST_REDIS_URL`),
+/// and clients of it.
+pub struct RedisFixture {
+    server: Mutex<Option<RedisServer>>,
+    config: RedisConfig,
+    proxies: Mutex<Vec<FaultProxy>>,
+}
+
+impl RedisFixture {
+    /// A fixture over a fresh persistent server (AOF, fsync on every write, so that the
+    /// fence counters survive a kill -9), or over `DLOCK_TEST_REDIS_URL` when set.
+    pub fn new() -> Self {
+        if let Some(url) = external_url("redis") {
+            let config = RedisConfig::from_url(&url).expect("DLOCK_TEST_REDIS_URL is a valid Redis URL");
+            return RedisFixture {
+                server: Mutex::new(None),
+                config: timeouts(config),
+                proxies: Mutex::new(Vec::new()),
+            };
+        }
+        let server = RedisServer::start(&ServerConfig { persistent: true, ..Default::default() })
+            .expect("start redis-server (scripts/install-backends installs it)");
+        let config = client_config(server.addr());
+        RedisFixture { server: Mutex::new(Some(server)), config, proxies: Mutex::new(Vec::new()) }
+    }
+
+    /// The client configuration of the server.
+    pub fn config(&self) -> RedisConfig {
+        self.config.clone()
+    }
+
+    fn address(&self) -> SocketAddr {
+        match self.config.topology() {
+            Topology::Single(node) => {
+                use std::net::ToSocketAddrs;
+                (node.host.as_str(), node.port)
+                    .to_socket_addrs()
+                    .ok()
+                    .and_then(|mut addrs| addrs.next())
+                    .unwrap_or_else(|| panic!("cannot resolve {node}"))
+            }
+            other => panic!("the Redis fixture needs a single server, not {other:?}"),
+        }
+    }
+
+    fn with_server<T>(&self, what: &str, f: impl FnOnce(&mut RedisServer) -> T) -> T {
+        let mut server = self.server.lock().unwrap();
+        let server = server.as_mut().unwrap_or_else(|| {
+            panic!("{what} needs a redis-server started by the tests; unset DLOCK_TEST_REDIS_URL to run it")
+        });
+        f(server)
+    }
+
+    /// A plain connection for admin commands.
+    pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
+        let node = match self.config.topology() {
+            Topology::Single(node) => node.clone(),
+            other => panic!("admin connection to {other:?}"),
+        };
+        let mut info = redis::RedisConnectionInfo::default().set_db(self.config.db());
+        if let Some(user) = self.config.username() {
+            info = info.set_username(user);
+        }
+        if let Some(password) = self.config.password() {
+            info = info.set_password(password);
+        }
+        let addr = redis::ConnectionAddr::Tcp(node.host, node.port);
+        let conn_info = redis::IntoConnectionInfo::into_connection_info(addr).unwrap().set_redis_settings(info);
+        redis::Client::open(conn_info).unwrap().get_multiplexed_async_connection().await.expect("admin connection")
+    }
+}
+
+impl Default for RedisFixture {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The fixture's client settings for a server at `addr`.
+pub fn client_config(addr: SocketAddr) -> RedisConfig {
+    timeouts(RedisConfig::single(addr.ip().to_string(), addr.port()))
+}
+
+fn timeouts(config: RedisConfig) -> RedisConfig {
+    config.with_op_timeout(OP_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT)
+}
+
+#[async_trait]
+impl Fixture for RedisFixture {
+    fn timing(&self) -> Timing {
+        // 1,000 leases renewed every ttl/3 over one connection must keep up on a shared
+        // 2-core machine running debug builds of several test processes at once.
+        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(3) }
+    }
+
+    async fn client(&self) -> Arc<dyn Locker> {
+        Arc::new(dlock_redis::connect(self.config()).await.expect("connect to redis"))
+    }
+
+    async fn faulty_client(&self) -> FaultyClient {
+        let proxy = FaultProxy::start(self.address()).await.expect("start the fault proxy");
+        let config = timeouts(
+            RedisConfig::single(proxy.addr().ip().to_string(), proxy.addr().port())
+                .with_db(self.config.db())
+                .with_credentials(self.config.username(), self.config.password()),
+        );
+        let locker = dlock_redis::connect(config).await.expect("connect through the proxy");
+        let link = Box::new(proxy.link());
+        self.proxies.lock().unwrap().push(proxy);
+        FaultyClient { locker: Arc::new(locker), link }
+    }
+
+    async fn evict(&self, name: &LockName) {
+        let keys = dlock_redis::KeyLayout::new(self.config.prefix()).unwrap().lock(name);
+        let mut admin = self.admin().await;
+        let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut admin).await.expect("DEL the hold");
+    }
+
+    async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
+        let port = free_port().expect("a free port");
+        let config = RedisConfig::single("127.0.0.1", port).with_connect_timeout(timeout).with_op_timeout(timeout);
+        dlock_redis::connect(config).await.map(|locker| Arc::new(locker) as Arc<dyn Locker>)
+    }
+
+    async fn stop_backend(&self) {
+        self.with_server("stopping the backend", |server| server.kill());
+    }
+
+    async fn start_backend(&self) {
+        self.with_server("restarting the backend", |server| server.start_again().expect("restart redis-server"));
+    }
+}

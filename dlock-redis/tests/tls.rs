@@ -1,0 +1,92 @@
+//! `rediss://`: locks over TLS, with the server's CA given by `tls_ca`.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use conformance::supervisor::free_port;
+use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
+use dlock_core::{LockName, LockOptions, Locker};
+use dlock_redis::RedisConfig;
+
+/// A CA and a server certificate for 127.0.0.1, made with the openssl command.
+fn make_certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=dlock test CA"],
+    ]
+    .concat());
+    run(&[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]].concat());
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_over_tls() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certificates(certs.path());
+    let tls_port = free_port().unwrap();
+    let file = |name: &str| certs.path().join(name).display().to_string();
+    let args = [
+        "--tls-port".to_string(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        file("server.pem"),
+        "--tls-key-file".into(),
+        file("server.key"),
+        "--tls-ca-cert-file".into(),
+        file("ca.pem"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ];
+    let _server = RedisServer::start(&ServerConfig { persistent: false, extra_args: args.to_vec() }).unwrap();
+
+    let url = format!("rediss://127.0.0.1:{tls_port}?tls_ca={}&connect_timeout=2s&op_timeout=2s", file("ca.pem"));
+    let config = RedisConfig::from_url(&url).unwrap();
+    let (a, b) = (dlock_redis::connect(config.clone()).await.unwrap(), dlock_redis::connect(config).await.unwrap());
+    let name = LockName::new("over/tls").unwrap();
+    let held = a.acquire(&name, &LockOptions::watchdog(Duration::from_secs(30))).await.unwrap();
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.acquire(&name, &LockOptions::new().wait(Duration::from_secs(10))).await })
+    };
+    conformance::properties::eventually("the waiter waits", Duration::from_secs(5), || async {
+        b.stats().waiting == 1
+    })
+    .await;
+    held.release().await.unwrap();
+    let released = Instant::now();
+    let next = waiter.await.unwrap().unwrap();
+    assert!(released.elapsed() < Duration::from_secs(3), "the release message reached the waiter over TLS");
+    next.release().await.unwrap();
+
+    // The system's roots do not know the test CA: the connection is refused, promptly.
+    let untrusted = RedisConfig::from_url(&format!("rediss://127.0.0.1:{tls_port}?connect_timeout=2s")).unwrap();
+    let started = Instant::now();
+    assert!(dlock_redis::connect(untrusted).await.is_err(), "a server with an unknown CA was trusted");
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
