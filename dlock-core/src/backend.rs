@@ -127,6 +127,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Reports the lock's holder and queue.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError>;
 
+    /// The clock-drift allowance subtracted from a hold's validity: a lease of `ttl`
+    /// granted (or renewed) by a request sent at `t` counts as valid until
+    /// `t + ttl - clock_drift(ttl)`. The default is [`drift`](crate::drift) (1% + 2 ms);
+    /// a backend may only make it larger.
+    fn clock_drift(&self, ttl: Duration) -> Duration {
+        crate::options::drift(ttl)
+    }
+
     /// Called once for every granted hold, for backends that learn of a loss by a push
     /// (a session expiry event) rather than by renewing. The default ignores it.
     fn watch_hold(&self, hold: &Self::Hold, signal: LostSignal) {

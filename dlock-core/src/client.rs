@@ -255,7 +255,8 @@ impl<B: Backend> Inner<B> {
             let retry_after = match attempt {
                 Attempt::Granted { hold, token } => {
                     let ttl = req.ttl();
-                    if sent + ttl.saturating_sub(drift(ttl)) > Instant::now() {
+                    let allowance = self.backend.clock_drift(ttl).max(drift(ttl));
+                    if sent + ttl.saturating_sub(allowance) > Instant::now() {
                         tracing::debug!(%token, waited = ?started.elapsed(), "acquired");
                         return Ok(Some(self.make_lease(req, opts, hold, token, sent)));
                     }
@@ -349,6 +350,10 @@ impl<B: Backend> HoldOps for Bound<B> {
     async fn renew(&self, ttl: Duration) -> Result<Renewal, LockError> {
         let span = tracing::debug_span!("dlock.renew", backend = self.inner.backend.name(), lock = %self.name, token = %self.token);
         self.inner.timed("renew", self.inner.backend.renew(&self.hold, ttl)).instrument(span).await
+    }
+
+    fn drift(&self, ttl: Duration) -> Duration {
+        self.inner.backend.clock_drift(ttl)
     }
 
     async fn release(&self) -> Result<Release, LockError> {

@@ -21,6 +21,8 @@ use crate::token::FencingToken;
 pub(crate) trait HoldOps: Send + Sync {
     async fn renew(&self, ttl: Duration) -> Result<Renewal, LockError>;
     async fn release(&self) -> Result<Release, LockError>;
+    /// The backend's drift allowance for a hold of `ttl`.
+    fn drift(&self, ttl: Duration) -> Duration;
 }
 
 struct Timing {
@@ -71,7 +73,7 @@ impl LeaseCore {
             renew_deadline: spec.max_hold.map(|m| spec.attempt_started + m),
             extendable: spec.extendable,
             tracked: AtomicBool::new(true),
-            timing: Mutex::new(Timing { ttl, valid_until: validity_end(spec.attempt_started, ttl) }),
+            timing: Mutex::new(Timing { ttl, valid_until: validity_end(&*hold, spec.attempt_started, ttl) }),
             lost: watch::channel(None).0,
             hold,
             stats,
@@ -122,7 +124,7 @@ impl LeaseCore {
     /// because backends never shorten a hold.
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
         let mut timing = self.timing();
-        timing.valid_until = timing.valid_until.max(validity_end(sent, ttl));
+        timing.valid_until = timing.valid_until.max(validity_end(&*self.hold, sent, ttl));
     }
 
     fn timing(&self) -> std::sync::MutexGuard<'_, Timing> {
@@ -172,8 +174,8 @@ impl LeaseCore {
     }
 }
 
-fn validity_end(sent: Instant, ttl: Duration) -> Instant {
-    sent + ttl.saturating_sub(drift(ttl))
+fn validity_end(hold: &dyn HoldOps, sent: Instant, ttl: Duration) -> Instant {
+    sent + ttl.saturating_sub(hold.drift(ttl).max(drift(ttl)))
 }
 
 /// A held lock. Release it with [`Lease::release`]; dropping it stops its renewal at
