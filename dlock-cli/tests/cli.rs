@@ -166,3 +166,23 @@ mod redis {
         lost_lease_stops_the_command(&server.url(), dir.path());
     }
 }
+
+mod zookeeper {
+    use super::*;
+    use conformance::supervisor::zookeeper::ZooKeeperServer;
+
+    #[test]
+    fn processes_exclude_each_other() {
+        let server = ZooKeeperServer::start().expect("start ZooKeeper");
+        counts_exactly(&server.url(), tempfile::tempdir().unwrap().path());
+    }
+
+    #[test]
+    fn exit_codes() {
+        let server = ZooKeeperServer::start().expect("start ZooKeeper");
+        let dir = tempfile::tempdir().unwrap();
+        passes_exit_code(&server.url());
+        tempfail_when_held(&server.url(), dir.path());
+        lost_lease_stops_the_command(&server.url(), dir.path());
+    }
+}

@@ -1,0 +1,75 @@
+//! The raw baseline for benchmarks: the requests of an uncontended acquire and release,
+//! and of a renewal, sent through `zookeeper-client` directly.
+
+use async_trait::async_trait;
+use dlock_core::{LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
+use zookeeper_client as zk;
+
+use crate::config::ZkConfig;
+use crate::error::{lock_error, timed_out};
+use crate::settings::Settings;
+use crate::znode;
+
+/// The requests dlock sends for one uncontended acquire and release (a create of an
+/// ephemeral-sequential node with the list of the queue pipelined behind it, then a
+/// delete) and for one renewal (a read of the node, in a multi-read), over one session.
+pub struct ZkBaseline {
+    client: zk::Client,
+    settings: Settings,
+    owner: OwnerId,
+}
+
+impl ZkBaseline {
+    /// Opens a session with the default ttl as its timeout.
+    pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
+        let settings = Settings::new(config);
+        let mut connector = zk::Client::connector().with_session_timeout(DEFAULT_TTL).with_fail_eagerly();
+        if let Some(auth) = settings.config.digest_auth() {
+            connector = connector.with_auth("digest", &auth);
+        }
+        let timeout = settings.config.connect_timeout();
+        let client = match tokio::time::timeout(timeout, connector.connect(&settings.config.connect_string())).await {
+            Ok(client) => client.map_err(|e| lock_error("connect", e))?,
+            Err(_) => return Err(timed_out("connect", timeout)),
+        };
+        Ok(ZkBaseline { client, settings, owner: OwnerId::new("raw-baseline")? })
+    }
+
+    async fn ensure_lock_node(&self, lock_path: &str) -> Result<(), LockError> {
+        let acls = self.settings.acls();
+        self.client
+            .mkdir(lock_path, &zk::CreateMode::Persistent.with_acls(acls))
+            .await
+            .map_err(|e| lock_error("create the lock znode", e))
+    }
+}
+
+#[async_trait]
+impl RawBaseline for ZkBaseline {
+    async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
+        let lock_path = self.settings.config.lock_path(name);
+        let prefix = znode::node_prefix(&lock_path, "raw-baseline");
+        let data = znode::encode_data(&self.owner, 1);
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.settings.acls());
+        loop {
+            let create = self.client.create(&prefix, &data, &options);
+            let list = self.client.list_children(&lock_path);
+            let (created, listed) = futures::join!(create, list);
+            match created {
+                Ok((_, sequence)) => {
+                    listed.map_err(|e| lock_error("list", e))?;
+                    let path = format!("{prefix}{sequence}");
+                    return self.client.delete(&path, None).await.map_err(|e| lock_error("delete", e));
+                }
+                Err(zk::Error::NoNode) => self.ensure_lock_node(&lock_path).await?,
+                Err(err) => return Err(lock_error("create", err)),
+            }
+        }
+    }
+
+    async fn renew(&self, name: &LockName) -> Result<(), LockError> {
+        let mut reader = self.client.new_multi_reader();
+        reader.add_get_data(&self.settings.config.lock_path(name)).map_err(|e| lock_error("read", e))?;
+        reader.commit().await.map(drop).map_err(|e| lock_error("read", e))
+    }
+}

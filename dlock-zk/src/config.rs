@@ -1,0 +1,366 @@
+//! How to reach ZooKeeper: the ensemble's addresses, digest credentials, the znode root
+//! and the timeouts, read from a `zk://` URL or set with builder methods.
+
+use std::fmt;
+use std::time::Duration;
+
+use dlock_core::{percent_decode, ConnectOptions, LockError, LockName};
+
+/// The client port of a ZooKeeper server when the URL names none.
+pub const DEFAULT_PORT: u16 = 2181;
+
+/// The znode under which locks live when neither the URL path nor `prefix` names one.
+pub const DEFAULT_ROOT: &str = "/dlock";
+
+/// The URL scheme this crate accepts.
+pub const SCHEME: &str = "zk";
+
+/// One `host:port` of the ensemble.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Host {
+    /// A host name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// The client port.
+    pub port: u16,
+}
+
+impl Host {
+    /// The server at `host:port`.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Host { host: host.into(), port }
+    }
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// The settings of a ZooKeeper lock client.
+///
+/// The URL form is `zk://[user:password@]host[:port][,host[:port]...][/root][?options]`:
+/// every member of the ensemble (the client fails over between them), optional digest
+/// credentials (then lock nodes are created with ACLs that let only this identity change
+/// or delete them, and anyone read them), the znode root under which the locks live
+/// (default `/dlock`; the `prefix` option says the same as the path, `prefix=shop/locks`
+/// meaning `/shop/locks`), and the options `connect_timeout` and `op_timeout`.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_zk::ZkConfig;
+///
+/// let config = ZkConfig::from_url("zk://app:s3cret@zk1:2181,zk2:2182,zk3/shop/locks?op_timeout=500ms")?;
+/// assert_eq!(config.connect_string(), "zk1:2181,zk2:2182,zk3:2181");
+/// assert_eq!(config.root(), "/shop/locks");
+/// assert_eq!(config.digest_user(), Some("app"));
+/// assert_eq!(config.op_timeout(), Duration::from_millis(500));
+///
+/// let local = ZkConfig::new("127.0.0.1:2181")?.with_root("/jobs")?.with_op_timeout(Duration::from_secs(1));
+/// assert_eq!(local.root(), "/jobs");
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ZkConfig {
+    hosts: Vec<Host>,
+    root: String,
+    digest: Option<(String, String)>,
+    connect_timeout: Duration,
+    op_timeout: Duration,
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("root", &self.root)
+            .field("digest_user", &self.digest_user())
+            .field("digest_password", &self.digest.as_ref().map(|_| "<redacted>"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .finish()
+    }
+}
+
+impl ZkConfig {
+    /// A configuration for the ensemble in `hosts` (`host[:port]`, comma-separated), with
+    /// the default root and timeouts.
+    pub fn new(hosts: &str) -> Result<Self, LockError> {
+        let defaults = ConnectOptions::default();
+        Ok(ZkConfig {
+            hosts: parse_hosts(hosts)?,
+            root: DEFAULT_ROOT.to_string(),
+            digest: None,
+            connect_timeout: defaults.connect_timeout,
+            op_timeout: defaults.op_timeout,
+        })
+    }
+
+    /// Parses a `zk://` URL (see the type's documentation). Fails with `InvalidInput` on
+    /// a malformed URL or an unknown option.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let bad = |why: &str| LockError::InvalidInput(format!("{why} in ZooKeeper URL {:?}", redact(url)));
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+        if !scheme.eq_ignore_ascii_case(SCHEME) {
+            return Err(bad("the scheme is not zk"));
+        }
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (userinfo, rest) = match rest.rsplit_once('@') {
+            Some((userinfo, rest)) => (Some(userinfo), rest),
+            None => (None, rest),
+        };
+        let (hosts, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+
+        let (options, unknown) = ConnectOptions::from_query(query)?;
+        if let Some((key, _)) = unknown.first() {
+            return Err(bad(&format!("unknown option {key:?} (known: connect_timeout, op_timeout, prefix)")));
+        }
+        let explicit_prefix = query.split('&').any(|pair| pair.split('=').next() == Some("prefix"));
+        let path = percent_decode(path)?;
+        let root = match (path.trim_end_matches('/').is_empty(), explicit_prefix) {
+            (false, true) => return Err(bad("both a path and the prefix option name the root")),
+            (false, false) => path.trim_end_matches('/').to_string(),
+            (true, true) => format!("/{}", options.prefix.trim_matches('/')),
+            (true, false) => DEFAULT_ROOT.to_string(),
+        };
+
+        let mut config = ZkConfig::new(&percent_decode(hosts)?)?
+            .with_root(&root)?
+            .with_connect_timeout(options.connect_timeout)
+            .with_op_timeout(options.op_timeout);
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo.split_once(':').ok_or_else(|| bad("credentials without a password"))?;
+            config = config.with_digest(&percent_decode(user)?, &percent_decode(password)?)?;
+        }
+        Ok(config)
+    }
+
+    /// Replaces the ensemble's members (`host[:port]`, comma-separated).
+    pub fn with_hosts(mut self, hosts: &str) -> Result<Self, LockError> {
+        self.hosts = parse_hosts(hosts)?;
+        Ok(self)
+    }
+
+    /// Sets the znode under which the locks live: an absolute path such as `/shop/locks`.
+    /// It is created (with this client's ACL) when missing.
+    pub fn with_root(mut self, root: &str) -> Result<Self, LockError> {
+        validate_root(root)?;
+        self.root = root.to_string();
+        Ok(self)
+    }
+
+    /// Authenticates with ZooKeeper's `digest` scheme as `user:password`. Lock nodes are
+    /// then created readable by anyone but writable and deletable only by this identity.
+    pub fn with_digest(mut self, user: &str, password: &str) -> Result<Self, LockError> {
+        if user.is_empty() || user.contains(':') || user.contains('\0') || password.contains('\0') {
+            return Err(LockError::InvalidInput("a digest user must be non-empty, without ':' or NUL".into()));
+        }
+        self.digest = Some((user.to_string(), password.to_string()));
+        Ok(self)
+    }
+
+    /// Sets how long establishing a session may take before `Unavailable`.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets how long one operation may take before `Unavailable`.
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// The ensemble's members.
+    pub fn hosts(&self) -> &[Host] {
+        &self.hosts
+    }
+
+    /// The members as a ZooKeeper connect string: `host:port,host:port`.
+    pub fn connect_string(&self) -> String {
+        self.hosts.iter().map(Host::to_string).collect::<Vec<_>>().join(",")
+    }
+
+    /// The znode under which the locks live.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The digest user, if credentials were given.
+    pub fn digest_user(&self) -> Option<&str> {
+        self.digest.as_ref().map(|(user, _)| user.as_str())
+    }
+
+    /// The digest password, if credentials were given.
+    pub fn digest_password(&self) -> Option<&str> {
+        self.digest.as_ref().map(|(_, password)| password.as_str())
+    }
+
+    pub(crate) fn digest_auth(&self) -> Option<Vec<u8>> {
+        self.digest.as_ref().map(|(user, password)| format!("{user}:{password}").into_bytes())
+    }
+
+    /// How long establishing a session may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// How long one operation may take.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The znode of the lock `name`: the root, then the name encoded as one path segment
+    /// (injective, so two names never share a znode). Its children are the queue.
+    ///
+    /// ```
+    /// use dlock_core::LockName;
+    /// use dlock_zk::ZkConfig;
+    ///
+    /// let config = ZkConfig::new("127.0.0.1")?;
+    /// assert_eq!(config.lock_path(&LockName::new("orders/42")?), "/dlock/orders%2F42");
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn lock_path(&self, name: &LockName) -> String {
+        format!("{}/{}", self.root, name.encoded())
+    }
+}
+
+fn parse_hosts(hosts: &str) -> Result<Vec<Host>, LockError> {
+    let bad = |why: String| LockError::InvalidInput(format!("ZooKeeper hosts {hosts:?}: {why}"));
+    let mut out = Vec::new();
+    for item in hosts.split(',') {
+        let item = item.trim();
+        if item.is_empty() {
+            return Err(bad("an empty host".into()));
+        }
+        let (host, port) = if let Some(rest) = item.strip_prefix('[') {
+            let (host, after) = rest.split_once(']').ok_or_else(|| bad(format!("unclosed '[' in {item:?}")))?;
+            match after.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None if after.is_empty() => (host, None),
+                None => return Err(bad(format!("junk after ']' in {item:?}"))),
+            }
+        } else {
+            match item.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (item, None),
+            }
+        };
+        if host.is_empty() || host.contains(['/', '@', '?', '\0']) {
+            return Err(bad(format!("bad host {host:?}")));
+        }
+        let port = match port {
+            Some(port) => {
+                port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| bad(format!("bad port {port:?}")))?
+            }
+            None => DEFAULT_PORT,
+        };
+        out.push(Host::new(host, port));
+    }
+    Ok(out)
+}
+
+fn validate_root(root: &str) -> Result<(), LockError> {
+    let bad = |why: &str| LockError::InvalidInput(format!("ZooKeeper root {root:?}: {why}"));
+    let rest = root.strip_prefix('/').ok_or_else(|| bad("must start with '/'"))?;
+    if rest.is_empty() {
+        return Err(bad("must name a znode below '/'"));
+    }
+    for segment in rest.split('/') {
+        if segment.is_empty() {
+            return Err(bad("has an empty segment or a trailing '/'"));
+        }
+        if segment == "." || segment == ".." {
+            return Err(bad("has a '.' or '..' segment"));
+        }
+        if segment.chars().any(|c| c == '\0' || c.is_control()) {
+            return Err(bad("has a control character"));
+        }
+    }
+    if rest == "zookeeper" || rest.starts_with("zookeeper/") {
+        return Err(bad("/zookeeper is reserved by the server"));
+    }
+    Ok(())
+}
+
+/// The URL with any password replaced, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(start), Some(at)) if at > start => {
+            let userinfo = &url[start + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:<redacted>{}", &url[..start + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ensembles_credentials_and_roots() {
+        let c = ZkConfig::from_url("zk://u%40x:p%3Aw@[::1]:2182,h2,h3:9/a%20b/c").unwrap();
+        assert_eq!(c.hosts(), &[Host::new("::1", 2182), Host::new("h2", 2181), Host::new("h3", 9)]);
+        assert_eq!(c.connect_string(), "[::1]:2182,h2:2181,h3:9");
+        assert_eq!(c.root(), "/a b/c");
+        assert_eq!(c.digest, Some(("u@x".to_string(), "p:w".to_string())));
+        assert!(!format!("{c:?}").contains("p:w"));
+
+        let c = ZkConfig::from_url("ZK://h?prefix=shop%2Flocks&connect_timeout=2s").unwrap();
+        assert_eq!(c.root(), "/shop/locks");
+        assert_eq!(c.connect_timeout(), Duration::from_secs(2));
+        assert_eq!(ZkConfig::from_url("zk://h/").unwrap().root(), DEFAULT_ROOT);
+        assert_eq!(ZkConfig::from_url("zk://h").unwrap().root(), DEFAULT_ROOT);
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for url in [
+            "zk:/h",
+            "redis://h",
+            "zk://",
+            "zk://h:0",
+            "zk://h:99999",
+            "zk://h:x",
+            "zk://h,,h2",
+            "zk://[::1",
+            "zk://h/a//b",
+            "zk://h/a/../b",
+            "zk://h/zookeeper",
+            "zk://h/root?prefix=x",
+            "zk://h?tls=true",
+            "zk://h?op_timeout=0s",
+            "zk://user@h",
+            "zk://:pw@h",
+        ] {
+            assert!(matches!(ZkConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");
+        }
+    }
+
+    #[test]
+    fn errors_never_show_the_password() {
+        let err = ZkConfig::from_url("zk://u:hunter2@h?bogus=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn lock_paths_are_one_segment_per_name() {
+        let c = ZkConfig::new("h").unwrap();
+        for name in ["a/b", "..", "a b", "🔒"] {
+            let path = c.lock_path(&LockName::new(name).unwrap());
+            assert_eq!(path.matches('/').count(), 2, "{path}");
+        }
+    }
+}

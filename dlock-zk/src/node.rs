@@ -1,0 +1,167 @@
+//! A granted hold: its node, its owner and hold count, its client-side expiry, and the
+//! lost signals of the leases riding on it.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use dlock_core::{FencingToken, LockName, LostReason, LostSignal, OwnerId};
+
+use crate::session::Unwanted;
+
+/// A granted hold: the node, who holds it, and the leases riding on it.
+pub(crate) struct Node {
+    pub name: LockName,
+    pub owner: OwnerId,
+    pub lock_path: String,
+    pub path: String,
+    pub uuid: String,
+    pub token: FencingToken,
+    state: Mutex<NodeState>,
+}
+
+struct NodeState {
+    /// How many leases of the owner hold the node (re-entrancy).
+    count: u32,
+    lost: Option<LostReason>,
+    /// The last lease let go and the node is being (or was) deleted.
+    released: bool,
+    /// When the node is deleted unless renewed: the ttl, kept on the client.
+    expires_at: Instant,
+    signals: Vec<(u64, LostSignal)>,
+}
+
+/// What to do after a lease let go of a node, decided under the node's lock.
+pub(crate) enum CountChange {
+    /// The node is lost (or already released): nothing to send.
+    Gone,
+    /// Store the new count in the node's data.
+    Store(u32),
+    /// The count reached zero: delete the node.
+    Delete,
+}
+
+impl Node {
+    pub fn new(
+        name: LockName,
+        owner: OwnerId,
+        lock_path: String,
+        path: String,
+        uuid: String,
+        token: FencingToken,
+        expires_at: Instant,
+    ) -> Self {
+        Node {
+            name,
+            owner,
+            lock_path,
+            path,
+            uuid,
+            token,
+            state: Mutex::new(NodeState { count: 1, lost: None, released: false, expires_at, signals: Vec::new() }),
+        }
+    }
+
+    /// The node as something to delete.
+    pub fn unwanted(&self) -> Unwanted {
+        Unwanted { lock_path: self.lock_path.clone(), uuid: self.uuid.clone(), path: Some(self.path.clone()) }
+    }
+
+    fn state(&self) -> MutexGuard<'_, NodeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Why the node is lost, if it is.
+    pub fn lost(&self) -> Option<LostReason> {
+        self.state().lost
+    }
+
+    /// Whether the node is still held: neither lost nor released.
+    pub fn is_live(&self) -> bool {
+        let state = self.state();
+        state.lost.is_none() && !state.released
+    }
+
+    /// When the client deletes the node unless a renewal comes first.
+    pub fn expires_at(&self) -> Instant {
+        self.state().expires_at
+    }
+
+    /// Keeps the node at least until `until` (never shortening it).
+    pub fn extend(&self, until: Instant) {
+        let mut state = self.state();
+        state.expires_at = state.expires_at.max(until);
+    }
+
+    /// Marks the node lost and fires the lost signal of every lease on it (once).
+    pub fn fire(&self, reason: LostReason) {
+        let signals = {
+            let mut state = self.state();
+            if state.lost.is_some() || state.released {
+                return;
+            }
+            state.lost = Some(reason);
+            std::mem::take(&mut state.signals)
+        };
+        tracing::debug!(lock = %self.name, token = %self.token, %reason, "hold lost");
+        for (_, signal) in signals {
+            signal.fire(reason);
+        }
+    }
+
+    /// Adds the lost signal of lease `id`; fires it at once when the node is lost already.
+    pub fn watch(&self, id: u64, signal: LostSignal) {
+        let lost = {
+            let mut state = self.state();
+            state.signals.retain(|(_, s)| !s.is_closed());
+            if state.lost.is_none() {
+                state.signals.push((id, signal.clone()));
+            }
+            state.lost
+        };
+        if let Some(reason) = lost {
+            signal.fire(reason);
+        }
+    }
+
+    /// Forgets the lost signal of lease `id` (it is being released).
+    pub fn unwatch(&self, id: u64) {
+        self.state().signals.retain(|(sid, _)| *sid != id);
+    }
+
+    /// Takes one hold off the count (a lease's release) and, still under the node's lock,
+    /// lets `send` issue the request that stores the change, so that concurrent changes
+    /// reach the server in the order they were made.
+    pub fn leave<T>(&self, send: impl FnOnce(CountChange) -> T) -> T {
+        let mut state = self.state();
+        if state.lost.is_some() || state.released {
+            drop(state);
+            return send(CountChange::Gone);
+        }
+        state.count = state.count.saturating_sub(1);
+        if state.count == 0 {
+            state.released = true;
+            state.signals.clear();
+            send(CountChange::Delete)
+        } else {
+            send(CountChange::Store(state.count))
+        }
+    }
+
+    /// Adds one hold to the count (a re-entrant acquire whose store succeeded), unless the
+    /// node was lost or released meanwhile. Returns the new count.
+    pub fn enter(&self) -> Option<u32> {
+        let mut state = self.state();
+        if state.lost.is_some() || state.released {
+            return None;
+        }
+        state.count = state.count.saturating_add(1);
+        Some(state.count)
+    }
+
+    /// Lets `send` store the current hold count, under the node's lock, unless the node is
+    /// lost or released.
+    pub fn with_count<T>(&self, send: impl FnOnce(u32) -> T) -> Option<T> {
+        let state = self.state();
+        (state.lost.is_none() && !state.released).then(|| send(state.count))
+    }
+}

@@ -1,0 +1,180 @@
+//! What the locks look like on the server, what they cost, and who may touch them: the
+//! znode layout, container cleanup, `Fixed` leases, one session per ttl, the requests of
+//! an acquire and release, and digest ACLs.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ZkFixture, MARGIN, TTL};
+use conformance::properties::{eventually, unique_name};
+use conformance::supervisor::zookeeper::ZooKeeperConfig;
+use dlock_core::{LockError, LockOptions, Locker, LostReason, OwnerId, DEFAULT_TTL};
+use dlock_zk::ZkConfig;
+use zookeeper_client as zk;
+
+/// A hold is one ephemeral node `_c_<uuid>-lock-<sequence>` under the lock's znode, with
+/// `<count> <owner>` as its data and its czxid as the token; the lock's znode is a
+/// container that the server deletes once the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_nodes_and_their_cleanup() {
+    conformance::init_tracing();
+    let fixture = ZkFixture::with_server_config(ZooKeeperConfig {
+        container_check_interval: Duration::from_millis(200),
+        ..ZooKeeperConfig::default()
+    })
+    .await;
+    let admin = fixture.admin().await;
+    let client = fixture.zk_client().await;
+    let name = unique_name("layout/a b");
+    let owner = OwnerId::new("billing job 7").expect("owner");
+    let lease = client.acquire(&name, &LockOptions::watchdog(TTL).owner(owner.clone())).await.expect("acquire");
+
+    let lock_path = fixture.config().lock_path(&name);
+    assert!(lock_path.starts_with("/dlock/dlock-test%2Flayout%2Fa%20b%2F"), "{lock_path}");
+    let children = common::queue(&admin, &lock_path).await;
+    assert_eq!(children.len(), 1);
+    let node = &children[0];
+    assert!(node.starts_with("_c_") && node.contains("-lock-"), "{node}");
+    let (data, stat) = admin.get_data(&format!("{lock_path}/{node}")).await.expect("read the node");
+    assert_eq!(String::from_utf8_lossy(&data), "1 billing job 7");
+    assert_eq!(stat.czxid as u64, lease.token().get(), "the token is the node's czxid");
+    assert_ne!(stat.ephemeral_owner, 0, "the node is ephemeral");
+
+    let again = client.acquire(&name, &LockOptions::watchdog(TTL).owner(owner)).await.expect("re-enter");
+    let (data, _) = admin.get_data(&format!("{lock_path}/{node}")).await.expect("read the node");
+    assert_eq!(String::from_utf8_lossy(&data), "2 billing job 7", "the count is stored for inspect");
+    again.release().await.expect("release");
+    lease.release().await.expect("release");
+
+    eventually("the server deletes the empty lock znode", MARGIN, || async {
+        matches!(admin.check_stat(&lock_path).await, Ok(None))
+    })
+    .await;
+    let next = client.acquire(&name, &LockOptions::watchdog(TTL).wait(MARGIN)).await.expect("acquire after cleanup");
+    next.release().await.expect("release");
+}
+
+/// A `Fixed` lease's node is deleted by the client when the lease runs out, while its
+/// session (and another lease on it) lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_lease_node_is_deleted_at_expiry() {
+    conformance::init_tracing();
+    let fixture = ZkFixture::standalone().await;
+    let admin = fixture.admin().await;
+    let client = fixture.zk_client().await;
+    let (fixed_name, kept_name) = (unique_name("fixed"), unique_name("kept"));
+    let kept = client.acquire(&kept_name, &LockOptions::watchdog(TTL)).await.expect("acquire");
+    let fixed = client.acquire(&fixed_name, &LockOptions::fixed(TTL)).await.expect("acquire");
+    let lock_path = fixture.config().lock_path(&fixed_name);
+    assert_eq!(common::queue(&admin, &lock_path).await.len(), 1);
+
+    let reason = tokio::time::timeout(TTL + MARGIN, fixed.lost()).await.expect("the Fixed lease runs out");
+    assert_eq!(reason, LostReason::Expired);
+    eventually("the expired lease's node is deleted", MARGIN, || async {
+        common::queue(&admin, &lock_path).await.is_empty()
+    })
+    .await;
+    assert!(!kept.is_lost(), "the session and its other holds live on");
+    assert!(matches!(fixed.release().await, Err(LockError::NotHeld)));
+    kept.release().await.expect("release");
+}
+
+/// An uncontended acquire and release costs three requests (create, list, delete: the
+/// list travels with the create, so two round trips), as the server counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_acquire_and_release_is_three_requests() {
+    conformance::init_tracing();
+    const ROUNDS: u64 = 100;
+    let fixture = ZkFixture::standalone().await;
+    // One session (the default ttl's, opened at connect), which pings only when idle.
+    let client = fixture.zk_client().await;
+    let name = unique_name("requests");
+    let opts = LockOptions::watchdog(DEFAULT_TTL);
+    client.acquire(&name, &opts).await.expect("acquire").release().await.expect("release");
+    let received = || -> u64 {
+        let metrics = conformance::supervisor::zookeeper::monitor(fixture.addr()).expect("mntr");
+        metrics["zk_packets_received"].parse().expect("a number")
+    };
+    let before = received();
+    for _ in 0..ROUNDS {
+        client.acquire(&name, &opts).await.expect("acquire").release().await.expect("release");
+    }
+    // The `mntr` that reads the counter counts as one packet; an idle ping may add one.
+    let requests = received() - before - 1;
+    assert!((3 * ROUNDS..=3 * ROUNDS + 2).contains(&requests), "{requests} requests for {ROUNDS} acquire+release");
+}
+
+/// Each distinct ttl gets one session (opened on first use) with that timeout, shared
+/// by every lock of the ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_per_ttl() {
+    conformance::init_tracing();
+    let fixture = ZkFixture::standalone().await;
+    let client = fixture.zk_client().await;
+    assert_eq!(client.backend().sessions(), vec![(DEFAULT_TTL, DEFAULT_TTL)], "the session opened at connect");
+    let mut leases = Vec::new();
+    let other = TTL + Duration::from_millis(500);
+    for (i, ttl) in [TTL, TTL, other, TTL].into_iter().enumerate() {
+        let name = unique_name(&format!("sessions-{i}"));
+        leases.push(client.acquire(&name, &LockOptions::watchdog(ttl)).await.expect("acquire"));
+    }
+    let fixed = client.acquire(&unique_name("sessions-fixed"), &LockOptions::fixed(TTL)).await.expect("acquire");
+    assert_eq!(client.backend().sessions(), vec![(TTL, TTL), (other, other), (DEFAULT_TTL, DEFAULT_TTL)]);
+    fixed.release().await.expect("release");
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+}
+
+/// With digest credentials, lock nodes can be read by anyone but changed and deleted only
+/// by the same identity: an unauthenticated operator cannot delete a hold or queue a
+/// node, and a client with other credentials sees the holder but cannot take the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_acls_protect_lock_nodes() {
+    conformance::init_tracing();
+    let fixture = ZkFixture::standalone().await;
+    let root = format!("/acl-{}", uuid::Uuid::new_v4().simple());
+    let url = |credentials: &str| format!("zk://{credentials}@{}{root}?op_timeout=1s", fixture.addr());
+    let alice = dlock_zk::connect(ZkConfig::from_url(&url("alice:s3cret")).expect("url")).await.expect("connect");
+    let alice_again = dlock_zk::connect(ZkConfig::from_url(&url("alice:s3cret")).expect("url")).await.expect("connect");
+    let mallory = dlock_zk::connect(ZkConfig::from_url(&url("mallory:guess")).expect("url")).await.expect("connect");
+    let name = unique_name("acl");
+    let opts = LockOptions::watchdog(TTL).wait(Duration::from_millis(300));
+    let lease = alice.acquire(&name, &opts).await.expect("acquire");
+
+    let admin = zk::Client::connect(&fixture.config().connect_string()).await.expect("a session without credentials");
+    let lock_path = format!("{root}/{}", name.encoded());
+    let node = common::queue(&admin, &lock_path).await.remove(0);
+    let node_path = format!("{lock_path}/{node}");
+    let (acl, _) = admin.get_acl(&node_path).await.expect("anyone reads the ACL");
+    assert!(acl
+        .iter()
+        .any(|a| a.scheme() == "digest" && a.id().starts_with("alice:") && a.permission() == zk::Permission::ALL));
+    assert!(acl.iter().any(|a| a.scheme() == "world" && a.permission() == zk::Permission::READ));
+    admin.get_data(&node_path).await.expect("anyone reads the node");
+    assert_eq!(
+        admin.delete(&node_path, None).await,
+        Err(zk::Error::NoAuth),
+        "an operator without credentials deleted the hold"
+    );
+    let queued = admin
+        .create(
+            &format!("{lock_path}/_c_x-lock-"),
+            b"",
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await;
+    assert_eq!(queued.err(), Some(zk::Error::NoAuth), "an unauthenticated client queued a node");
+
+    let info = mallory.inspect(&name).await.expect("other identities may inspect");
+    assert_eq!(info.holder.map(|h| h.token), Some(lease.token()));
+    match mallory.try_acquire(&name, &opts).await {
+        Err(LockError::Backend(err)) => assert!(err.to_string().contains("not authorized"), "{err}"),
+        other => panic!("another identity must be refused, not {other:?}"),
+    }
+
+    lease.release().await.expect("release");
+    let next = alice_again.acquire(&name, &opts).await.expect("the same identity on another client locks");
+    next.release().await.expect("release");
+}
