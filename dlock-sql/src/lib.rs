@@ -1,1 +1,113 @@
-//! SQL backends for dlock: PostgreSQL, MySQL/MariaDB, SQLite (in progress).
+//! SQL backends for dlock: PostgreSQL, MySQL/MariaDB and SQLite, through sqlx.
+//!
+//! Two lockers, and three helpers for the database locks of the seeds:
+//!
+//! - [`SqlLocker`] (the default): a **lease table**. Each lock name is a row of
+//!   `<prefix>_leases` (default `dlock_leases`): `name` (the full name, compared byte by
+//!   byte: `TEXT COLLATE "C"`, SQLite's `BINARY`, MySQL's `VARBINARY(1024)`), `owner`,
+//!   `holds` (the re-entrant count), `fence` and `expires_us`. Expiry is judged by the
+//!   **database's clock** (microseconds since the epoch, read by the statement itself), never
+//!   the client's; a ttl is rounded up and 1 ms of clock-resolution slack is added, so the
+//!   database never frees a hold before the client's validity (counted from when the
+//!   granting statement was sent) has ended. Acquire, renew and release are **one statement
+//!   each** (an `INSERT … ON CONFLICT DO UPDATE … RETURNING` on PostgreSQL and SQLite, an
+//!   `INSERT … ON DUPLICATE KEY UPDATE` answering through `LAST_INSERT_ID` on MySQL), on
+//!   pooled connections: an uncontended acquire+release is 2 statements. Renewals sent while
+//!   another is in flight are batched into one statement. Release and renew are checked
+//!   against owner and token in the statement. Waiters are woken by `LISTEN/NOTIFY` on
+//!   PostgreSQL (the release sends `pg_notify` at commit); on MySQL and SQLite they poll with
+//!   jittered backoff, never later than the holder's remaining ttl.
+//! - [`AdvisoryLocker`] (`lock=advisory`): PostgreSQL `pg_try_advisory_lock` or MySQL
+//!   `GET_LOCK`, held by a dedicated session per lock (see [`advisory`] for how the
+//!   session is watched and how a frozen holder's session ends).
+//! - [`RowLock`]: `SELECT … FOR UPDATE` (with `NOWAIT` or a wait bound) on one of your rows,
+//!   for the duration of a transaction that runs your work; [`optimistic`]: the version-column
+//!   compare-and-set with retries; [`fenced`]: `UPDATE … WHERE fence <= token`, so a resource
+//!   in the same database refuses a holder whose lease ran out.
+//!
+//! **Fencing token**: the row's `fence` counter, raised by every grant (a re-entrant acquire
+//! returns the holder's token). The row stays when the lock is released, so tokens never
+//! restart. **What survives a restart**: everything committed: holds (with their expiry on
+//! the database clock), fence counters. Advisory locks do not survive: the sessions end.
+//!
+//! **Caveats**: the database is a single point of decision. With asynchronous replication,
+//! a failover can lose the last grants (and fence increments) made on the old primary: use
+//! synchronous replication where that matters. The database clock must not jump: expiry is
+//! wall-clock time on the server (NTP slewing is fine; a step backwards lengthens holds, a
+//! step forwards shortens them). SQLite is single-writer: all lock statements of all
+//! processes take turns on the file's write lock (WAL mode, bounded by the busy timeout);
+//! it excludes processes on one machine, and needs a local file system (not NFS).
+//!
+//! URLs: `postgres://user:pass@host:5432/db`, `mysql://user:pass@host:3306/db` (also
+//! `mariadb://`), `sqlite://relative/path.db`, `sqlite:///absolute/path.db`,
+//! `sqlite::memory:`; options in [`SqlConfig`]. The tables are created when missing (or see
+//! [`schema`] to create them from your migrations).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use dlock_core::{LockName, LockOptions, Locker};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), dlock_core::LockError> {
+//! let locker = dlock_sql::connect(dlock_sql::SqlConfig::from_url("sqlite://locks.db?op_timeout=2s")?).await?;
+//! let name = LockName::new("orders/42")?;
+//! let lease = locker.acquire(&name, &LockOptions::new().ttl(Duration::from_secs(10))).await?;
+//! // Hand lease.token() to the resource; it refuses writes with an older token.
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod advisory;
+mod baseline;
+mod batch;
+mod config;
+mod db;
+mod dialect;
+mod error;
+pub mod fenced;
+mod lease;
+mod link;
+pub mod optimistic;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod relay;
+pub mod rowlock;
+mod schema;
+#[cfg(feature = "postgres")]
+mod wake;
+
+use std::sync::Arc;
+
+use dlock_core::{Client, ClientConfig, LockError, Locker};
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use advisory::{connect_advisory, AdvisoryBackend, AdvisoryHold, AdvisoryLocker, AdvisoryTicket};
+pub use baseline::{raw_baseline, SqlBaseline};
+pub use config::{Dialect, LockKind, SqlConfig};
+pub use dialect::schema;
+pub use error::SqlError;
+pub use lease::{SqlBackend, SqlHold, SqlTicket};
+pub use link::SqlLink;
+pub use rowlock::{RowLock, RowLocking, RowWait};
+
+/// A lock client over the lease table.
+pub type SqlLocker = Client<SqlBackend>;
+
+/// Connects a lease-table client (see [`SqlConfig`]): `Unavailable` within the connect
+/// timeout when the database cannot be reached.
+pub async fn connect(config: SqlConfig) -> Result<SqlLocker, LockError> {
+    let op_timeout = config.op_timeout;
+    let backend = SqlBackend::connect(config).await?;
+    Ok(Client::with_config(backend, ClientConfig { op_timeout }))
+}
+
+/// Connects the kind of client the config asks for (`lock=lease` or `lock=advisory`).
+pub async fn connect_any(config: SqlConfig) -> Result<Arc<dyn Locker>, LockError> {
+    match config.kind {
+        LockKind::Lease => Ok(Arc::new(connect(config).await?)),
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        LockKind::Advisory => Ok(Arc::new(connect_advisory(config).await?)),
+        #[cfg(not(any(feature = "postgres", feature = "mysql")))]
+        LockKind::Advisory => Err(LockError::InvalidInput("advisory locks need PostgreSQL or MySQL".into())),
+    }
+}

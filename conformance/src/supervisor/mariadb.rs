@@ -1,1 +1,148 @@
-//! mariadb servers for the tests (see the module docs of `supervisor`).
+//! MariaDB servers on free loopback ports, each in its own copy of a cached data directory.
+//!
+//! `mariadb-install-db` is slow, so one template data directory is made per machine (see
+//! [`cached`](super::cached)) and copied for every server. The server runs as the current
+//! user (`--user=root` when that is root), with a passwordless `root` account reachable
+//! over TCP, small buffers, and commits written to the OS at every commit so that a kill -9
+//! loses nothing.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use super::{cached, find_program, start_on_free_port, wait_for_port, CommandSpec, ServerProcess};
+
+/// A running MariaDB server with its own data directory.
+#[derive(Debug)]
+pub struct MariaDbServer {
+    process: ServerProcess,
+    addr: SocketAddr,
+    // Dropped after the process (fields drop in order), so the data outlives the server.
+    _dir: TempDir,
+}
+
+fn program(name: &str) -> io::Result<PathBuf> {
+    find_program(name, &["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/mysql/bin"]).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("{name} not found; run scripts/install-backends"))
+    })
+}
+
+fn user() -> String {
+    Command::new("id")
+        .arg("-un")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "root".into())
+}
+
+/// Options shared by the template's bootstrap and every server, so both agree on the
+/// InnoDB files.
+fn common_args() -> Vec<String> {
+    [
+        "--innodb-buffer-pool-size=16M",
+        "--innodb-log-file-size=16M",
+        "--innodb-log-buffer-size=1M",
+        "--innodb-flush-log-at-trx-commit=2",
+        "--innodb-doublewrite=0",
+        "--innodb-flush-method=nosync",
+        "--performance-schema=OFF",
+        "--skip-log-bin",
+        "--key-buffer-size=1M",
+        "--character-set-server=utf8mb4",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn template() -> io::Result<PathBuf> {
+    let install = program("mariadb-install-db").or_else(|_| program("mysql_install_db"))?;
+    cached("mariadb-template-v2", |scratch| {
+        std::fs::create_dir_all(scratch)?;
+        let out = Command::new(&install)
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", scratch.display()))
+            .arg(format!("--user={}", user()))
+            .arg("--auth-root-authentication-method=normal")
+            .arg("--skip-test-db")
+            .args(common_args())
+            .current_dir("/")
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "mariadb-install-db failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        // A database is a directory of the data directory: this one holds the tests' tables.
+        std::fs::create_dir_all(scratch.join("dlock"))?;
+        Ok(())
+    })
+}
+
+impl MariaDbServer {
+    /// Starts a MariaDB server on a free port, with room for `max_connections` sessions.
+    pub fn start(max_connections: u32) -> io::Result<Self> {
+        let mariadbd = program("mariadbd").or_else(|_| program("mysqld"))?;
+        let template = template()?;
+        start_on_free_port(|port| {
+            let dir = tempfile::Builder::new().prefix("dlock-mariadb-").tempdir()?;
+            let data = dir.path().join("data");
+            let status = Command::new("cp").arg("-a").arg(&template).arg(&data).status()?;
+            if !status.success() {
+                return Err(io::Error::other("copying the mariadb template failed"));
+            }
+            let mut args = vec![
+                "--no-defaults".to_string(),
+                format!("--datadir={}", data.display()),
+                format!("--port={port}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--socket={}", dir.path().join("mysqld.sock").display()),
+                format!("--pid-file={}", dir.path().join("mysqld.pid").display()),
+                format!("--tmpdir={}", dir.path().display()),
+                format!("--user={}", user()),
+                format!("--max-connections={max_connections}"),
+                "--skip-name-resolve".into(),
+                "--thread-stack=256K".into(),
+            ];
+            args.extend(common_args());
+            let spec = CommandSpec::new(&mariadbd).args(args).cwd(dir.path());
+            let mut process = ServerProcess::spawn(format!("mariadbd:{port}"), spec, dir.path().join("mariadb.log"))?;
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            wait_for_port(addr, &mut process, Duration::from_secs(30))?;
+            Ok(MariaDbServer { process, addr, _dir: dir })
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `mysql://root@127.0.0.1:<port>/dlock`.
+    pub fn url(&self) -> String {
+        format!("mysql://root@{}/dlock", self.addr)
+    }
+
+    /// The process, for kill, pause and restart.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts it again on the same port and data, and waits until it listens.
+    pub fn start_again(&mut self) -> io::Result<()> {
+        self.process.start_again()?;
+        wait_for_port(self.addr, &mut self.process, Duration::from_secs(30))
+    }
+}

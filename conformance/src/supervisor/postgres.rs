@@ -1,1 +1,199 @@
-//! postgres servers for the tests (see the module docs of `supervisor`).
+//! PostgreSQL servers on free loopback ports, each in its own copy of a cached data directory.
+//!
+//! `initdb` is slow, so one template data directory is made per machine (see
+//! [`cached`](super::cached)) and copied for every server. PostgreSQL refuses to run as
+//! root: when the tests run as root, `initdb` and `postgres` run as the `postgres` user
+//! (through `setpriv`, which also re-arms the parent-death signal that the change of user
+//! clears), and the data directories are handed to that user.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use super::{cached, find_program, start_on_free_port, wait_for_port, CommandSpec, ServerProcess};
+
+const BIN_DIRS: &[&str] = &[
+    "/usr/lib/postgresql/17/bin",
+    "/usr/lib/postgresql/16/bin",
+    "/usr/lib/postgresql/15/bin",
+    "/usr/lib/postgresql/14/bin",
+    "/usr/local/bin",
+    "/usr/bin",
+];
+
+/// A running PostgreSQL server with its own data directory.
+#[derive(Debug)]
+pub struct PostgresServer {
+    process: ServerProcess,
+    addr: SocketAddr,
+    // Dropped after the process (fields drop in order), so the data outlives the server.
+    _dir: TempDir,
+}
+
+/// The user to run PostgreSQL as: `postgres` when we are root, nobody else otherwise.
+fn run_as() -> Option<(u32, u32)> {
+    if current_uid() != 0 {
+        return None;
+    }
+    let out = Command::new("id").args(["-u", "postgres"]).output().ok()?;
+    let uid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    let out = Command::new("id").args(["-g", "postgres"]).output().ok()?;
+    let gid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some((uid, gid))
+}
+
+fn current_uid() -> u32 {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn program(name: &str) -> io::Result<PathBuf> {
+    BIN_DIRS.iter().map(|dir| Path::new(dir).join(name)).find(|p| p.is_file()).map_or_else(
+        || {
+            find_program(name, &[]).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, format!("{name} not found; run scripts/install-backends"))
+            })
+        },
+        Ok,
+    )
+}
+
+fn chown_tree(path: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
+    let Some((uid, gid)) = owner else { return Ok(()) };
+    let status = Command::new("chown").arg("-R").arg(format!("{uid}:{gid}")).arg(path).status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("chown -R {} failed", path.display())))
+    }
+}
+
+/// The template data directory, made once per machine.
+fn template() -> io::Result<PathBuf> {
+    let initdb = program("initdb")?;
+    let owner = run_as();
+    cached("postgres-template-v1", |scratch| {
+        std::fs::create_dir_all(scratch)?;
+        chown_tree(scratch, owner)?;
+        let mut cmd = match owner {
+            Some((uid, gid)) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={uid}")).arg(format!("--regid={gid}")).arg("--clear-groups").arg(&initdb);
+                c
+            }
+            None => Command::new(&initdb),
+        };
+        cmd.arg("-D")
+            .arg(scratch)
+            .args(["-U", "postgres", "--auth=trust", "--no-sync", "--encoding=UTF8", "--locale=C"])
+            .current_dir("/");
+        let out = cmd.output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "initdb failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(())
+    })
+}
+
+impl PostgresServer {
+    /// Starts a PostgreSQL server on a free port, with small memory settings and room for
+    /// `max_connections` sessions.
+    pub fn start(max_connections: u32) -> io::Result<Self> {
+        let postgres = program("postgres")?;
+        let template = template()?;
+        let owner = run_as();
+        start_on_free_port(|port| {
+            let dir = tempfile::Builder::new().prefix("dlock-postgres-").tempdir()?;
+            let data = dir.path().join("data");
+            let status = Command::new("cp").arg("-a").arg(&template).arg(&data).status()?;
+            if !status.success() {
+                return Err(io::Error::other("copying the postgres template failed"));
+            }
+            chown_tree(dir.path(), owner)?;
+            let mut args: Vec<String> = Vec::new();
+            let program = match owner {
+                Some((uid, gid)) => {
+                    args.extend([
+                        format!("--reuid={uid}"),
+                        format!("--regid={gid}"),
+                        "--clear-groups".into(),
+                        "--pdeathsig=KILL".into(),
+                        postgres.display().to_string(),
+                    ]);
+                    PathBuf::from("setpriv")
+                }
+                None => postgres.clone(),
+            };
+            args.extend(["-D".into(), data.display().to_string(), "-p".into(), port.to_string()]);
+            for (key, value) in [
+                ("listen_addresses", "127.0.0.1".to_string()),
+                ("unix_socket_directories", dir.path().display().to_string()),
+                ("max_connections", max_connections.to_string()),
+                ("shared_buffers", "16MB".into()),
+                ("fsync", "off".into()),
+                ("full_page_writes", "off".into()),
+                ("logging_collector", "off".into()),
+                ("log_min_messages", "warning".into()),
+            ] {
+                args.push("-c".into());
+                args.push(format!("{key}={value}"));
+            }
+            let spec = CommandSpec::new(&program).args(args).cwd(dir.path());
+            let mut process = ServerProcess::spawn(format!("postgres:{port}"), spec, dir.path().join("postgres.log"))?;
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            wait_for_port(addr, &mut process, Duration::from_secs(30))?;
+            Ok(PostgresServer { process, addr, _dir: dir })
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@{}/postgres", self.addr)
+    }
+
+    /// The process, for kill, pause and restart.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts it again on the same port and data, and waits until it listens. The
+    /// backends of a killed postmaster take a moment to exit; until they have, a new
+    /// postmaster refuses the data directory, so the start is retried for a while.
+    pub fn start_again(&mut self) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.process.start_again()?;
+            match wait_for_port(self.addr, &mut self.process, Duration::from_secs(30)) {
+                Ok(()) => return Ok(()),
+                Err(err) if Instant::now() < deadline => {
+                    tracing::debug!(%err, "postgres did not start again yet; retrying");
+                    self.process.kill();
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}

@@ -1,0 +1,598 @@
+//! The advisory-lock variant: PostgreSQL's `pg_try_advisory_lock` and MySQL/MariaDB's
+//! `GET_LOCK`, held by a database session.
+//!
+//! Each held lock has a dedicated connection (the session is the lease): it never goes
+//! back to a pool while held, and the lock ends when the connection does. The server frees
+//! it the moment it sees the connection close, so every holding connection goes through a
+//! loopback relay that fires the lost signal (`SessionExpired`) as soon
+//! as the server's side ends. A frozen holder must not keep the lock forever: the session
+//! gets an idle timeout equal to the lease ttl (`idle_session_timeout` in milliseconds on
+//! PostgreSQL ≥ 14; `wait_timeout` in whole seconds, rounded up, on MySQL/MariaDB), and
+//! renewals are pings on the session that restart that timer. The server therefore ends a
+//! session that went quiet no sooner than a ttl after its last renewal, after the holder's
+//! own validity ran out; a `Fixed` lease is simply never pinged.
+//!
+//! Lock keys never collide: each name gets a row (and an id) in `<prefix>_advisory`; the
+//! PostgreSQL key is `(hash of the table name, id)`, the MySQL lock name `<table>:<id>`.
+//! The same row's `fence` counter gives the fencing token: it is raised by the statement
+//! that takes the lock, on the holding session, so tokens increase in grant order and
+//! survive restarts. Not re-entrant (one session per hold), not fair, no notification
+//! (waiters poll with backoff).
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Backend, Capabilities, Client, ClientConfig, FencingToken, Holder, LockError, LockInfo, LockName,
+    LostReason, LostSignal, OwnerId, Release, Renewal, Request,
+};
+use sqlx::{AssertSqlSafe, Connection};
+use tokio::sync::watch;
+
+use crate::config::{Dialect, SqlConfig, Target};
+use crate::db::Pool;
+use crate::error::{is_unavailable, lock_error};
+use crate::link::{Conn, SqlLink};
+use crate::relay::{self, Relay};
+
+/// A lock client over advisory locks.
+pub type AdvisoryLocker = Client<AdvisoryBackend>;
+
+/// Connects an advisory-lock client (PostgreSQL or MySQL/MariaDB): `Unavailable` within the
+/// connect timeout when the database cannot be reached; `InvalidInput` for SQLite.
+pub async fn connect_advisory(config: SqlConfig) -> Result<AdvisoryLocker, LockError> {
+    let op_timeout = config.op_timeout;
+    let backend = AdvisoryBackend::connect(config).await?;
+    Ok(Client::with_config(backend, ClientConfig { op_timeout }))
+}
+
+/// The advisory-lock backend of one client (see the module docs).
+#[derive(Debug, Clone)]
+pub struct AdvisoryBackend {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    conn: Arc<Conn>,
+    dialect: Dialect,
+    table: String,
+    /// The first key of PostgreSQL's two-key advisory locks: one per table.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    classid: i32,
+    ids: Mutex<HashMap<String, i32>>,
+    /// Sessions that hold nothing, kept for the next acquire.
+    idle: Mutex<Vec<Arc<Session>>>,
+    /// Whether a spare session is being opened in the background.
+    warming: std::sync::atomic::AtomicBool,
+}
+
+/// A dedicated connection and the watch on its server side.
+#[derive(Debug)]
+struct Session {
+    conn: tokio::sync::Mutex<SessionConn>,
+    closed: watch::Receiver<bool>,
+    /// The idle timeout the session has now, in milliseconds (0: the server's default).
+    idle_ms: Mutex<u64>,
+}
+
+#[derive(Debug)]
+enum SessionConn {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgConnection),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlConnection),
+}
+
+/// A waiter's session, kept between its attempts.
+#[derive(Debug)]
+pub struct AdvisoryTicket {
+    session: Option<Arc<Session>>,
+}
+
+/// A held advisory lock: its name, row id and session.
+#[derive(Debug)]
+pub struct AdvisoryHold {
+    name: LockName,
+    id: i32,
+    session: Arc<Session>,
+    released: watch::Sender<bool>,
+}
+
+impl Session {
+    fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+}
+
+/// FNV-1a of the table name, as a positive 31-bit key.
+fn classid(table: &str) -> i32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in table.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    (hash & 0x7fff_ffff) as i32
+}
+
+macro_rules! on_session {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $conn {
+            #[cfg(feature = "postgres")]
+            SessionConn::Postgres($c) => $body,
+            #[cfg(feature = "mysql")]
+            SessionConn::MySql($c) => $body,
+        }
+    };
+}
+
+impl AdvisoryBackend {
+    /// Connects (within the connect timeout) and creates `<prefix>_advisory` when missing
+    /// and the config allows it.
+    pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        if config.dialect == Dialect::Sqlite {
+            return Err(LockError::InvalidInput("SQLite has no advisory locks".into()));
+        }
+        let pool = Pool::connect(&config).await?;
+        let table = format!("{}_advisory", config.prefix);
+        if config.create_table {
+            let create = create_sql(config.dialect, &table);
+            let timeout = config.connect_timeout;
+            let work = async {
+                if let Err(err) = pool.run_plain(&create).await {
+                    // Another client may have created it at the same moment.
+                    if pool.run_plain(&format!("SELECT 1 FROM {table} WHERE 1 = 0")).await.is_err() {
+                        return Err(lock_error(err));
+                    }
+                }
+                Ok(())
+            };
+            tokio::time::timeout(timeout, work)
+                .await
+                .unwrap_or_else(|_| Err(LockError::Unavailable("creating the advisory table timed out".into())))?;
+        }
+        let backend = AdvisoryBackend {
+            shared: Arc::new(Shared {
+                dialect: config.dialect,
+                classid: classid(&table),
+                table,
+                conn: Conn::new(config, pool),
+                ids: Mutex::default(),
+                idle: Mutex::default(),
+                warming: std::sync::atomic::AtomicBool::new(false),
+            }),
+        };
+        // One spare session from the start, so the first acquire is one statement too.
+        if let Ok(session) = backend.open_session().await {
+            backend.recycle(session);
+        }
+        Ok(backend)
+    }
+
+    /// Opens a spare session in the background when none is idle, so that an acquire
+    /// rarely waits for a new connection (on PostgreSQL, a new server process).
+    fn warm_spare(&self) {
+        use std::sync::atomic::Ordering;
+        let empty = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        if !empty || self.shared.warming.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Ok(session) = this.open_session().await {
+                this.recycle(session);
+            }
+            this.shared.warming.store(false, Ordering::Release);
+        });
+    }
+
+    /// The fault switch of this client's pool (see [`SqlLink`]).
+    pub fn link(&self) -> SqlLink {
+        SqlLink::new(self.shared.conn.clone())
+    }
+
+    /// Ends the session holding `name`, as an operator would (`pg_terminate_backend`,
+    /// `KILL`): the server frees the lock and the holder's lost signal fires.
+    pub async fn evict(&self, name: &LockName) -> Result<(), LockError> {
+        let (_, _, session) = self.lookup(name).await?;
+        let Some(session) = session else { return Ok(()) };
+        let sql = match self.shared.dialect {
+            Dialect::Postgres => format!("SELECT pg_terminate_backend({session})"),
+            _ => format!("KILL {session}"),
+        };
+        let pool = self.shared.conn.pool().await?;
+        pool.run_plain(&sql).await.map_err(lock_error)
+    }
+
+    /// The row of `name`: owner, fence, and the server session holding the lock (if any).
+    async fn lookup(&self, name: &LockName) -> Result<(Option<String>, i64, Option<i64>), LockError> {
+        let pool = self.shared.conn.pool().await?;
+        let found: Option<(Option<String>, i64, Option<i64>)> = match &pool {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(pg) => {
+                let (table, classid) = (&self.shared.table, self.shared.classid);
+                let sql = format!(
+                    "SELECT a.owner, a.fence, l.pid::int8 FROM {table} a LEFT JOIN pg_locks l \
+                     ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                     AND l.classid = {classid}::oid AND l.objid = a.id::oid WHERE a.name = $1"
+                );
+                sqlx::query_as(AssertSqlSafe(sql)).bind(name.as_str()).fetch_optional(pg).await
+            }
+            #[cfg(feature = "mysql")]
+            Pool::MySql(my) => {
+                let table = &self.shared.table;
+                let sql = format!(
+                    "SELECT CAST(owner AS CHAR), fence, IS_USED_LOCK(CONCAT('{table}:', id)) FROM {table} WHERE name = ?"
+                );
+                sqlx::query_as::<_, (Option<String>, i64, Option<i64>)>(AssertSqlSafe(sql))
+                    .bind(name.as_str())
+                    .fetch_optional(my)
+                    .await
+            }
+            #[allow(unreachable_patterns)]
+            _ => return Err(LockError::InvalidInput("advisory locks need PostgreSQL or MySQL".into())),
+        }
+        .map_err(lock_error)?;
+        Ok(found.unwrap_or((None, 0, None)))
+    }
+
+    /// The id of `name`'s row, creating the row on first use.
+    async fn id(&self, pool: &Pool, name: &LockName) -> Result<i32, LockError> {
+        if let Some(id) = self.shared.ids.lock().unwrap_or_else(|p| p.into_inner()).get(name.as_str()) {
+            return Ok(*id);
+        }
+        let table = &self.shared.table;
+        let id: i64 = match pool {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(pg) => {
+                let sql = format!(
+                    "INSERT INTO {table} (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id::int8"
+                );
+                sqlx::query_scalar(AssertSqlSafe(sql)).bind(name.as_str()).fetch_one(pg).await.map_err(lock_error)?
+            }
+            #[cfg(feature = "mysql")]
+            Pool::MySql(my) => {
+                let sql =
+                    format!("INSERT INTO {table} (name) VALUES (?) ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)");
+                let done = sqlx::query(AssertSqlSafe(sql)).bind(name.as_str()).execute(my).await.map_err(lock_error)?;
+                done.last_insert_id() as i64
+            }
+            #[allow(unreachable_patterns)]
+            _ => return Err(LockError::InvalidInput("advisory locks need PostgreSQL or MySQL".into())),
+        };
+        let id = i32::try_from(id).map_err(|_| LockError::backend("the advisory table ran out of 31-bit ids"))?;
+        self.shared.ids.lock().unwrap_or_else(|p| p.into_inner()).insert(name.as_str().to_string(), id);
+        Ok(id)
+    }
+
+    /// An idle session, if there is one.
+    fn idle_session(&self) -> Option<Arc<Session>> {
+        loop {
+            let idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            match idle {
+                Some(session) if !session.is_closed() => {
+                    self.warm_spare();
+                    return Some(session);
+                }
+                Some(_) => continue,
+                None => return None,
+            }
+        }
+    }
+
+    /// A new session through a fresh relay.
+    async fn open_session(&self) -> Result<Arc<Session>, LockError> {
+        // Go through the link, so a cut client cannot open sessions either.
+        let _ = self.shared.conn.pool().await?;
+        let config = self.shared.conn.config();
+        let Target::Server(url) = &config.target else {
+            return Err(LockError::InvalidInput("advisory locks need a database server".into()));
+        };
+        let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad URL: {e}"));
+        let unavailable = |e: std::io::Error| LockError::Unavailable(format!("cannot reach the database: {e}"));
+        let timeout = config.connect_timeout;
+        let connect = async {
+            Ok::<_, LockError>(match config.dialect {
+                #[cfg(feature = "postgres")]
+                Dialect::Postgres => {
+                    let opts = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?;
+                    let relay = relay::start(opts.get_host(), opts.get_port(), timeout).await.map_err(unavailable)?;
+                    let conn =
+                        sqlx::PgConnection::connect_with(&relayed_pg(opts, &relay.addr)).await.map_err(lock_error)?;
+                    (SessionConn::Postgres(conn), relay)
+                }
+                #[cfg(feature = "mysql")]
+                Dialect::MySql => {
+                    let opts = sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad)?;
+                    let relay = relay::start(opts.get_host(), opts.get_port(), timeout).await.map_err(unavailable)?;
+                    let opts = opts.host("127.0.0.1").port(relay.addr.port()).timezone(Some("+00:00".into()));
+                    let conn = sqlx::MySqlConnection::connect_with(&opts).await.map_err(lock_error)?;
+                    (SessionConn::MySql(conn), relay)
+                }
+                #[allow(unreachable_patterns)]
+                _ => return Err(LockError::InvalidInput("advisory locks need PostgreSQL or MySQL".into())),
+            })
+        };
+        let (conn, relay): (SessionConn, Relay) = tokio::time::timeout(timeout, connect)
+            .await
+            .map_err(|_| LockError::Unavailable(format!("opening a session took over {timeout:?}")))??;
+        Ok(Arc::new(Session { conn: tokio::sync::Mutex::new(conn), closed: relay.closed, idle_ms: Mutex::new(0) }))
+    }
+
+    /// Puts a session that holds nothing back for reuse.
+    fn recycle(&self, session: Arc<Session>) {
+        if session.is_closed() {
+            return;
+        }
+        let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.shared.conn.config().pool_size as usize {
+            idle.push(session);
+        }
+    }
+
+    /// Sets the session's idle timeout to `ttl` (rounded up) if it has another one.
+    async fn set_idle_timeout(
+        &self,
+        session: &Session,
+        conn: &mut SessionConn,
+        ttl: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let ms = match self.shared.dialect {
+            Dialect::MySql => ttl.as_nanos().div_ceil(1_000_000_000) as u64 * 1000,
+            _ => ttl.as_nanos().div_ceil(1_000_000) as u64,
+        }
+        .max(1);
+        if *session.idle_ms.lock().unwrap_or_else(|p| p.into_inner()) == ms {
+            return Ok(());
+        }
+        let sql = match self.shared.dialect {
+            Dialect::MySql => format!("SET SESSION wait_timeout = {}", ms / 1000),
+            _ => format!("SET idle_session_timeout = {ms}"),
+        };
+        on_session!(conn, c => sqlx::query(AssertSqlSafe(sql)).execute(&mut *c).await.map(drop))?;
+        *session.idle_ms.lock().unwrap_or_else(|p| p.into_inner()) = ms;
+        Ok(())
+    }
+
+    /// Tries the lock on `session`; the fence when granted.
+    async fn try_lock(&self, conn: &mut SessionConn, id: i32, owner: &str) -> Result<Option<i64>, sqlx::Error> {
+        match conn {
+            #[cfg(feature = "postgres")]
+            SessionConn::Postgres(c) => {
+                let (table, classid) = (&self.shared.table, self.shared.classid);
+                // The sub-select runs once, before the row is written: the fence rises only
+                // under the lock.
+                let sql = format!(
+                    "UPDATE {table} SET fence = fence + 1, owner = $3 \
+                     WHERE id = $2 AND (SELECT pg_try_advisory_lock($1, $2)) RETURNING fence"
+                );
+                sqlx::query_scalar(AssertSqlSafe(sql)).bind(classid).bind(id).bind(owner).fetch_optional(&mut *c).await
+            }
+            #[cfg(feature = "mysql")]
+            SessionConn::MySql(c) => {
+                let table = &self.shared.table;
+                let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                    .bind(format!("{table}:{id}"))
+                    .fetch_one(&mut *c)
+                    .await?;
+                if got != Some(1) {
+                    return Ok(None);
+                }
+                let sql = format!("UPDATE {table} SET fence = LAST_INSERT_ID(fence + 1), owner = ? WHERE id = ?");
+                let done = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(id).execute(&mut *c).await?;
+                Ok(Some(done.last_insert_id() as i64))
+            }
+        }
+    }
+
+    async fn unlock(&self, conn: &mut SessionConn, id: i32) -> Result<bool, sqlx::Error> {
+        match conn {
+            #[cfg(feature = "postgres")]
+            SessionConn::Postgres(c) => {
+                sqlx::query_scalar("SELECT pg_advisory_unlock($1, $2)")
+                    .bind(self.shared.classid)
+                    .bind(id)
+                    .fetch_one(&mut *c)
+                    .await
+            }
+            #[cfg(feature = "mysql")]
+            SessionConn::MySql(c) => {
+                let freed: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                    .bind(format!("{}:{id}", self.shared.table))
+                    .fetch_one(&mut *c)
+                    .await?;
+                Ok(freed == Some(1))
+            }
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn relayed_pg(
+    opts: sqlx::postgres::PgConnectOptions,
+    relay: &std::net::SocketAddr,
+) -> sqlx::postgres::PgConnectOptions {
+    opts.host("127.0.0.1").port(relay.port())
+}
+
+fn create_sql(dialect: Dialect, table: &str) -> String {
+    match dialect {
+        Dialect::MySql => format!(
+            "CREATE TABLE IF NOT EXISTS {table} (id INT NOT NULL AUTO_INCREMENT UNIQUE, \
+             name VARBINARY(1024) NOT NULL PRIMARY KEY, owner VARBINARY(256) NULL, \
+             fence BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
+        ),
+        _ => format!(
+            "CREATE TABLE IF NOT EXISTS {table} (id INTEGER GENERATED BY DEFAULT AS IDENTITY UNIQUE, \
+             name TEXT COLLATE \"C\" NOT NULL PRIMARY KEY, owner TEXT COLLATE \"C\", \
+             fence BIGINT NOT NULL DEFAULT 0)"
+        ),
+    }
+}
+
+/// A failure on the holding session itself: the connection is gone, and the lock with it.
+fn session_gone(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) || is_unavailable(err)
+}
+
+#[async_trait]
+impl Backend for AdvisoryBackend {
+    type Hold = AdvisoryHold;
+    type Ticket = AdvisoryTicket;
+
+    fn name(&self) -> &'static str {
+        match self.shared.dialect {
+            Dialect::Postgres => "postgres-advisory",
+            _ => "mysql-advisory",
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reentrant: false,
+            fifo: false,
+            notify: false,
+            ttl: true,
+            fixed: true,
+            extend: true,
+            queue_length: false,
+        }
+    }
+
+    async fn attempt(
+        &self,
+        req: &Request,
+        ticket: &mut Option<AdvisoryTicket>,
+    ) -> Result<Attempt<AdvisoryHold>, LockError> {
+        let pool = self.shared.conn.pool().await?;
+        let id = self.id(&pool, &req.name).await?;
+        let session = match ticket.as_mut().and_then(|t| t.session.take()) {
+            Some(session) if !session.is_closed() => session,
+            _ => match self.idle_session() {
+                Some(session) => session,
+                None if req.blocking => {
+                    // Opening a session can take long (on PostgreSQL it starts a server
+                    // process): open it outside the attempt that may grant, so the lease's
+                    // validity is not eaten by it, and attempt again at once.
+                    let session = self.open_session().await?;
+                    *ticket = Some(AdvisoryTicket { session: Some(session) });
+                    return Ok(Attempt::Busy { retry_after: Some(Duration::ZERO) });
+                }
+                None => self.open_session().await?,
+            },
+        };
+        let granted = {
+            let mut conn = session.conn.lock().await;
+            let work = async {
+                self.set_idle_timeout(&session, &mut conn, req.ttl()).await?;
+                self.try_lock(&mut conn, id, req.owner.as_str()).await
+            };
+            work.await.map_err(lock_error)?
+        };
+        match granted {
+            Some(fence) => {
+                let token = u64::try_from(fence)
+                    .ok()
+                    .filter(|f| *f > 0)
+                    .map(FencingToken::new)
+                    .ok_or_else(|| LockError::backend(format!("invalid fence {fence}")))?;
+                let hold = AdvisoryHold { name: req.name.clone(), id, session, released: watch::channel(false).0 };
+                Ok(Attempt::Granted { hold, token })
+            }
+            None => {
+                // Keep the session for this waiter's next attempt.
+                if req.blocking {
+                    *ticket = Some(AdvisoryTicket { session: Some(session) });
+                } else {
+                    self.recycle(session);
+                }
+                Ok(Attempt::Busy { retry_after: None })
+            }
+        }
+    }
+
+    async fn abandon(&self, _req: &Request, ticket: AdvisoryTicket) {
+        if let Some(session) = ticket.session {
+            self.recycle(session);
+        }
+    }
+
+    async fn renew(&self, hold: &AdvisoryHold, ttl: Duration) -> Result<Renewal, LockError> {
+        if hold.session.is_closed() {
+            return Ok(Renewal::Lost(LostReason::SessionExpired));
+        }
+        let mut conn = hold.session.conn.lock().await;
+        let ping = async {
+            self.set_idle_timeout(&hold.session, &mut conn, ttl).await?;
+            on_session!(&mut *conn, c => sqlx::query("SELECT 1").execute(&mut *c).await.map(drop))
+        };
+        match ping.await {
+            Ok(()) => Ok(Renewal::Renewed),
+            Err(err) if session_gone(&err) || hold.session.is_closed() => Ok(Renewal::Lost(LostReason::SessionExpired)),
+            Err(err) => Err(lock_error(err)),
+        }
+    }
+
+    async fn release(&self, hold: &AdvisoryHold) -> Result<Release, LockError> {
+        let _ = hold.released.send(true);
+        if hold.session.is_closed() {
+            return Ok(Release::NotHeld);
+        }
+        let freed = {
+            let mut conn = hold.session.conn.lock().await;
+            self.unlock(&mut conn, hold.id).await
+        };
+        match freed {
+            Ok(true) => {
+                self.recycle(hold.session.clone());
+                Ok(Release::Released)
+            }
+            Ok(false) => Ok(Release::NotHeld),
+            Err(err) if session_gone(&err) || hold.session.is_closed() => Ok(Release::NotHeld),
+            Err(err) => Err(lock_error(err)),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
+        let (owner, fence, session) = self.lookup(name).await?;
+        let holder = match (owner, session) {
+            (Some(owner), Some(_)) if fence > 0 => Some(Holder {
+                owner: OwnerId::new(owner)?,
+                token: FencingToken::new(fence as u64),
+                count: 1,
+                remaining: None,
+            }),
+            _ => None,
+        };
+        Ok(LockInfo { holder, waiters: None })
+    }
+
+    fn watch_hold(&self, hold: &AdvisoryHold, signal: LostSignal) {
+        let mut closed = hold.session.closed.clone();
+        let mut released = hold.released.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = closed.wait_for(|c| *c) => signal.fire(LostReason::SessionExpired),
+                _ = released.wait_for(|r| *r) => {}
+            }
+        });
+    }
+}
+
+impl AdvisoryHold {
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+}
+
+impl Drop for AdvisoryHold {
+    fn drop(&mut self) {
+        // Stops the watch of a hold that was never released explicitly.
+        let _ = self.released.send(true);
+    }
+}

@@ -1,0 +1,337 @@
+//! [`SqlConfig`]: which database, how to reach it, and how to keep its locks, from a URL.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dlock_core::{parse_duration, ConnectOptions, LockError};
+
+/// The SQL dialects this crate speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// PostgreSQL (`postgres://`, `postgresql://`).
+    Postgres,
+    /// MySQL 8 or MariaDB 10.5+ (`mysql://`, `mariadb://`).
+    MySql,
+    /// SQLite 3 (`sqlite://path`, `sqlite::memory:`).
+    Sqlite,
+}
+
+impl Dialect {
+    /// A short name, such as `"postgres"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql => "mysql",
+            Dialect::Sqlite => "sqlite",
+        }
+    }
+
+    fn enabled(self) -> bool {
+        match self {
+            Dialect::Postgres => cfg!(feature = "postgres"),
+            Dialect::MySql => cfg!(feature = "mysql"),
+            Dialect::Sqlite => cfg!(feature = "sqlite"),
+        }
+    }
+}
+
+/// Which kind of lock a URL asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LockKind {
+    /// A row of the lease table per lock (the default): ttl, fencing, re-entrancy.
+    #[default]
+    Lease,
+    /// The database's session-held advisory locks (`pg_try_advisory_lock`, `GET_LOCK`).
+    Advisory,
+}
+
+/// Where the database is: a server address or an SQLite file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// The database URL handed to sqlx, without this crate's options.
+    Server(String),
+    /// An SQLite file.
+    File(PathBuf),
+    /// A private in-memory SQLite database (one per connect).
+    Memory,
+}
+
+/// How to reach a SQL database and keep locks in it.
+///
+/// URLs: `postgres://user:pass@host:5432/db`, `mysql://user:pass@host:3306/db` (MariaDB too,
+/// also as `mariadb://`), `sqlite://path/to/file.db` (relative), `sqlite:///abs/file.db`,
+/// `sqlite::memory:`. Query options: the common `connect_timeout`, `op_timeout` and `prefix`
+/// (the lock table is `<prefix>_leases`; letters, digits and `_` only), and
+/// `pool_size` (connections per client, default 10), `create_table` (`true`/`false`,
+/// default `true`: create the tables if missing), `lock` (`lease` or `advisory`),
+/// `busy_timeout` (SQLite: how long a statement waits for the file's write lock,
+/// default the operation timeout). Unknown options are rejected.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_sql::{Dialect, SqlConfig};
+///
+/// let config = SqlConfig::from_url("postgres://app@db:5432/shop?prefix=shop&pool_size=4&op_timeout=2s")?;
+/// assert_eq!(config.dialect(), Dialect::Postgres);
+/// assert_eq!(config.table(), "shop_leases");
+/// assert_eq!(config.get_pool_size(), 4);
+/// assert_eq!(config.get_op_timeout(), Duration::from_secs(2));
+///
+/// let embedded = SqlConfig::from_url("sqlite://locks.db")?.pool_size(2);
+/// assert_eq!(embedded.dialect(), Dialect::Sqlite);
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlConfig {
+    pub(crate) dialect: Dialect,
+    pub(crate) target: Target,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) op_timeout: Duration,
+    pub(crate) prefix: String,
+    pub(crate) pool_size: u32,
+    pub(crate) create_table: bool,
+    pub(crate) kind: LockKind,
+    pub(crate) busy_timeout: Option<Duration>,
+}
+
+impl SqlConfig {
+    /// Parses a URL (see the type's docs). `InvalidInput` on a bad URL or option, or on a
+    /// database whose cargo feature is not enabled.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let (common, rest) = ConnectOptions::from_query(query)?;
+        let (dialect, target) = parse_target(base)?;
+        let mut config = SqlConfig::new(dialect, target);
+        config.connect_timeout = common.connect_timeout;
+        config.op_timeout = common.op_timeout;
+        config = config.prefix(common.prefix)?;
+        for (key, value) in rest {
+            match key.as_str() {
+                "pool_size" => {
+                    let size: u32 = value.parse().map_err(|_| bad_option(&key, &value))?;
+                    config = config.pool_size(size);
+                    if size == 0 || size > 10_000 {
+                        return Err(bad_option(&key, &value));
+                    }
+                }
+                "create_table" => {
+                    config.create_table = match value.as_str() {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => return Err(bad_option(&key, &value)),
+                    }
+                }
+                "lock" => {
+                    config.kind = match value.as_str() {
+                        "lease" => LockKind::Lease,
+                        "advisory" => LockKind::Advisory,
+                        _ => return Err(bad_option(&key, &value)),
+                    }
+                }
+                "busy_timeout" => config.busy_timeout = Some(parse_duration(&value)?),
+                _ => return Err(LockError::InvalidInput(format!("unknown option {key:?} in a SQL URL"))),
+            }
+        }
+        if config.kind == LockKind::Advisory && dialect == Dialect::Sqlite {
+            return Err(LockError::InvalidInput("SQLite has no advisory locks; use lock=lease".into()));
+        }
+        Ok(config)
+    }
+
+    /// An SQLite database in a file (created if missing).
+    pub fn sqlite_file(path: impl Into<PathBuf>) -> Self {
+        SqlConfig::new(Dialect::Sqlite, Target::File(path.into()))
+    }
+
+    /// A private in-memory SQLite database, for tests: it lives as long as the client.
+    pub fn sqlite_memory() -> Self {
+        SqlConfig::new(Dialect::Sqlite, Target::Memory)
+    }
+
+    fn new(dialect: Dialect, target: Target) -> Self {
+        let common = ConnectOptions::default();
+        SqlConfig {
+            dialect,
+            target,
+            connect_timeout: common.connect_timeout,
+            op_timeout: common.op_timeout,
+            prefix: common.prefix,
+            pool_size: 10,
+            create_table: true,
+            kind: LockKind::Lease,
+            busy_timeout: None,
+        }
+    }
+
+    /// The longest a connection attempt may take before `Unavailable`.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The longest one lock operation may take before `Unavailable`.
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// The table prefix: the lease table is `<prefix>_leases`. Letters, digits and `_`,
+    /// starting with a letter or `_`, at most 40 bytes; anything else is `InvalidInput`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, LockError> {
+        let prefix = prefix.into();
+        let valid = !prefix.is_empty()
+            && prefix.len() <= 40
+            && prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !prefix.as_bytes()[0].is_ascii_digit();
+        if !valid {
+            return Err(LockError::InvalidInput(format!(
+                "SQL table prefix {prefix:?} must be 1-40 letters, digits or '_', not starting with a digit"
+            )));
+        }
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// Connections in each client's pool (default 10). An advisory client also opens one
+    /// more connection per lock it holds.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// Whether `connect` creates the tables when they are missing (default `true`). Turn it
+    /// off when the schema is managed by migrations (see [`crate::schema`]).
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// The kind of lock [`crate::connect_any`] makes.
+    pub fn lock_kind(mut self, kind: LockKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// SQLite: how long a statement waits for the write lock of the file (default: the
+    /// operation timeout).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = Some(timeout);
+        self
+    }
+
+    /// The database kind.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// The lease table's name.
+    pub fn table(&self) -> String {
+        format!("{}_leases", self.prefix)
+    }
+
+    /// The table prefix.
+    pub fn get_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The pool size.
+    pub fn get_pool_size(&self) -> u32 {
+        self.pool_size
+    }
+
+    /// The operation timeout.
+    pub fn get_op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The connect timeout.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The kind of lock the URL asked for.
+    pub fn get_lock_kind(&self) -> LockKind {
+        self.kind
+    }
+
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn get_busy_timeout(&self) -> Duration {
+        self.busy_timeout.unwrap_or(self.op_timeout)
+    }
+}
+
+fn bad_option(key: &str, value: &str) -> LockError {
+    LockError::InvalidInput(format!("bad value {value:?} for SQL URL option {key:?}"))
+}
+
+fn parse_target(base: &str) -> Result<(Dialect, Target), LockError> {
+    let (scheme, rest) = base.split_once(':').ok_or_else(|| {
+        LockError::InvalidInput(format!("{base:?} is not a SQL URL (postgres://, mysql://, sqlite://)"))
+    })?;
+    let (dialect, target) = match scheme {
+        "postgres" | "postgresql" => (Dialect::Postgres, server_url("postgres", rest)?),
+        "mysql" | "mariadb" => (Dialect::MySql, server_url("mysql", rest)?),
+        "sqlite" => {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            let target = match path {
+                ":memory:" => Target::Memory,
+                "" => return Err(LockError::InvalidInput("an SQLite URL needs a file path".into())),
+                path => Target::File(PathBuf::from(dlock_core::percent_decode(path)?)),
+            };
+            (Dialect::Sqlite, target)
+        }
+        other => return Err(LockError::InvalidInput(format!("unknown SQL URL scheme {other:?}"))),
+    };
+    if !dialect.enabled() {
+        return Err(LockError::InvalidInput(format!("dlock-sql was built without its {:?} feature", dialect.name())));
+    }
+    Ok((dialect, target))
+}
+
+fn server_url(scheme: &str, rest: &str) -> Result<Target, LockError> {
+    let Some(authority) = rest.strip_prefix("//") else {
+        return Err(LockError::InvalidInput(format!("a {scheme} URL looks like {scheme}://user@host:port/database")));
+    };
+    let host = authority.split('/').next().unwrap_or("");
+    let host = host.rsplit('@').next().unwrap_or("");
+    if host.is_empty() {
+        return Err(LockError::InvalidInput(format!("the {scheme} URL has no host")));
+    }
+    Ok(Target::Server(format!("{scheme}:{rest}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_scheme() {
+        let pg = SqlConfig::from_url("postgresql://u:p@h:5/db?connect_timeout=1s").unwrap();
+        assert_eq!(pg.target, Target::Server("postgres://u:p@h:5/db".into()));
+        assert_eq!(pg.connect_timeout, Duration::from_secs(1));
+        let my = SqlConfig::from_url("mariadb://root@127.0.0.1:3306/x?lock=advisory").unwrap();
+        assert_eq!((my.dialect, my.kind), (Dialect::MySql, LockKind::Advisory));
+        assert_eq!(SqlConfig::from_url("sqlite::memory:").unwrap().target, Target::Memory);
+        assert_eq!(SqlConfig::from_url("sqlite://a/b.db").unwrap().target, Target::File("a/b.db".into()));
+        assert_eq!(SqlConfig::from_url("sqlite:///a/b.db").unwrap().target, Target::File("/a/b.db".into()));
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for url in [
+            "redis://x",
+            "postgres:x",
+            "postgres:///db",
+            "sqlite://",
+            "sqlite::memory:?lock=advisory",
+            "postgres://h/db?pool_size=0",
+            "postgres://h/db?pool_size=x",
+            "postgres://h/db?prefix=a-b",
+            "postgres://h/db?prefix=1a",
+            "postgres://h/db?sslmode=require",
+            "mysql://h/db?create_table=maybe",
+        ] {
+            assert!(matches!(SqlConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");
+        }
+    }
+}

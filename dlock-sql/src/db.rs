@@ -1,0 +1,276 @@
+//! The one place that talks to sqlx for the lease table: a pool of whichever database the
+//! URL named, and a way to run a [`Stmt`] with its parameters and read its answer, so that
+//! the lease logic is written once for every dialect.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::LockError;
+use sqlx::pool::PoolOptions;
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::config::{Dialect, SqlConfig, Target};
+use crate::dialect::{Param, Reply, Stmt};
+use crate::error::lock_error;
+
+/// A pool of connections to one database.
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// A column value as the lease logic reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+}
+
+impl Value {
+    pub(crate) fn int(&self) -> Option<i64> {
+        match self {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn text(&self) -> Option<&str> {
+        match self {
+            Value::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// The parameters of one call, by meaning.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Args<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) owner: &'a str,
+    pub(crate) fence: i64,
+    pub(crate) ttl_us: i64,
+    pub(crate) batch: &'a str,
+}
+
+impl<'a> Args<'a> {
+    pub(crate) fn name(name: &'a str) -> Self {
+        Args { name, owner: "", fence: 0, ttl_us: 0, batch: "" }
+    }
+
+    pub(crate) fn batch(batch: &'a str) -> Self {
+        Args { batch, ..Args::name("") }
+    }
+}
+
+/// What a statement answered.
+#[derive(Debug, Default)]
+pub(crate) struct Answer {
+    pub(crate) rows: Vec<Vec<Value>>,
+    /// Rows matched (MySQL reports matched rows: sqlx asks for `CLIENT_FOUND_ROWS`).
+    pub(crate) affected: u64,
+    /// MySQL's `LAST_INSERT_ID` of the statement.
+    pub(crate) last_id: u64,
+}
+
+impl Answer {
+    /// Rows returned or matched, whichever the statement reports.
+    pub(crate) fn matched(&self, reply: Reply) -> u64 {
+        match reply {
+            Reply::Rows => self.rows.len() as u64,
+            Reply::Done => self.affected,
+        }
+    }
+}
+
+macro_rules! bind_all {
+    ($query:expr, $stmt:expr, $args:expr) => {{
+        let mut q = $query;
+        for p in $stmt.params {
+            q = match p {
+                Param::Name => q.bind($args.name),
+                Param::Owner => q.bind($args.owner),
+                Param::Fence => q.bind($args.fence),
+                Param::TtlUs => q.bind($args.ttl_us),
+                Param::Batch => q.bind($args.batch),
+            };
+        }
+        q
+    }};
+}
+
+fn decode<R: Row>(row: &R) -> Vec<Value>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    (0..row.len())
+        .map(|i| {
+            if let Ok(v) = row.try_get::<Option<i64>, _>(i) {
+                return v.map_or(Value::Null, Value::Int);
+            }
+            if let Ok(v) = row.try_get::<Option<String>, _>(i) {
+                return v.map_or(Value::Null, Value::Text);
+            }
+            // MySQL's VARBINARY columns; what this crate writes there is UTF-8.
+            match row.try_get::<Option<Vec<u8>>, _>(i) {
+                Ok(Some(bytes)) => Value::Text(String::from_utf8_lossy(&bytes).into_owned()),
+                _ => Value::Null,
+            }
+        })
+        .collect()
+}
+
+impl Pool {
+    /// Opens a pool for `config` and checks that the database answers, within the connect
+    /// timeout (`Unavailable` otherwise).
+    pub(crate) async fn connect(config: &SqlConfig) -> Result<Pool, LockError> {
+        let pool = Self::connect_lazy(config, config.pool_size)?;
+        let ping = async {
+            match &pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(p) => p.acquire().await.map(drop),
+                #[cfg(feature = "mysql")]
+                Pool::MySql(p) => p.acquire().await.map(drop),
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(p) => p.acquire().await.map(drop),
+            }
+        };
+        match tokio::time::timeout(config.connect_timeout, ping).await {
+            Ok(Ok(())) => Ok(pool),
+            Ok(Err(err)) => Err(lock_error(err)),
+            Err(_) => Err(LockError::Unavailable(format!(
+                "{} did not answer within the connect timeout of {:?}",
+                config.dialect.name(),
+                config.connect_timeout
+            ))),
+        }
+    }
+
+    /// A pool of up to `size` connections, opened as needed.
+    pub(crate) fn connect_lazy(config: &SqlConfig, size: u32) -> Result<Pool, LockError> {
+        let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad {} URL: {e}", config.dialect.name()));
+        fn options<DB: sqlx::Database>(config: &SqlConfig, size: u32) -> PoolOptions<DB> {
+            PoolOptions::<DB>::new()
+                .max_connections(size)
+                .min_connections(0)
+                .acquire_timeout(config.connect_timeout)
+                .idle_timeout(Some(Duration::from_secs(300)))
+                .test_before_acquire(false)
+        }
+        Ok(match (&config.target, config.dialect) {
+            #[cfg(feature = "postgres")]
+            (Target::Server(url), Dialect::Postgres) => {
+                let opts = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?;
+                Pool::Postgres(options(config, size).connect_lazy_with(opts))
+            }
+            #[cfg(feature = "mysql")]
+            (Target::Server(url), Dialect::MySql) => {
+                let opts =
+                    sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad)?.timezone(Some("+00:00".into()));
+                Pool::MySql(options(config, size).connect_lazy_with(opts))
+            }
+            #[cfg(feature = "sqlite")]
+            (target, Dialect::Sqlite) => {
+                use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+                let base = match target {
+                    Target::File(path) => SqliteConnectOptions::new()
+                        .filename(path)
+                        .create_if_missing(true)
+                        .journal_mode(SqliteJournalMode::Wal),
+                    Target::Memory => SqliteConnectOptions::from_str("sqlite::memory:").map_err(bad)?,
+                    Target::Server(_) => unreachable!("SQLite URLs parse to files"),
+                };
+                let opts = base.busy_timeout(config.get_busy_timeout()).synchronous(SqliteSynchronous::Normal);
+                // One connection for a private in-memory database: they would not share it.
+                let size = if matches!(target, Target::Memory) { 1 } else { size };
+                Pool::Sqlite(options(config, size).connect_lazy_with(opts))
+            }
+            #[allow(unreachable_patterns)]
+            (_, dialect) => {
+                return Err(LockError::InvalidInput(format!("{} is not compiled into dlock-sql", dialect.name())))
+            }
+        })
+    }
+
+    /// Runs one statement with its parameters.
+    pub(crate) async fn run(&self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, LockError> {
+        self.run_raw(stmt, args).await.map_err(lock_error)
+    }
+
+    async fn run_raw(&self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, sqlx::Error> {
+        let sql = AssertSqlSafe(stmt.sql.clone());
+        match self {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(pool) => {
+                let q = bind_all!(sqlx::query::<sqlx::Postgres>(sql), stmt, args);
+                match stmt.reply {
+                    Reply::Rows => {
+                        Ok(Answer { rows: q.fetch_all(pool).await?.iter().map(decode).collect(), ..Default::default() })
+                    }
+                    Reply::Done => {
+                        Ok(Answer { affected: q.execute(pool).await?.rows_affected(), ..Default::default() })
+                    }
+                }
+            }
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => {
+                let q = bind_all!(sqlx::query::<sqlx::MySql>(sql), stmt, args);
+                match stmt.reply {
+                    Reply::Rows => {
+                        Ok(Answer { rows: q.fetch_all(pool).await?.iter().map(decode).collect(), ..Default::default() })
+                    }
+                    Reply::Done => {
+                        let done = q.execute(pool).await?;
+                        Ok(Answer { affected: done.rows_affected(), last_id: done.last_insert_id(), rows: Vec::new() })
+                    }
+                }
+            }
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(pool) => {
+                let q = bind_all!(sqlx::query::<sqlx::Sqlite>(sql), stmt, args);
+                match stmt.reply {
+                    Reply::Rows => {
+                        Ok(Answer { rows: q.fetch_all(pool).await?.iter().map(decode).collect(), ..Default::default() })
+                    }
+                    Reply::Done => {
+                        Ok(Answer { affected: q.execute(pool).await?.rows_affected(), ..Default::default() })
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs DDL (or any statement without parameters).
+    pub(crate) async fn run_plain(&self, sql: &str) -> Result<(), sqlx::Error> {
+        let sql = AssertSqlSafe(Arc::<str>::from(sql));
+        match self {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+        }
+    }
+
+    /// Closes every connection; later calls fail with `Unavailable`.
+    pub(crate) async fn close(&self) {
+        match self {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(pool) => pool.close().await,
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => pool.close().await,
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(pool) => pool.close().await,
+        }
+    }
+}

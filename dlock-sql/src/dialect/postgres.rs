@@ -1,0 +1,81 @@
+//! PostgreSQL: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` per acquire; release
+//! announces a freed lock with `pg_notify` (sent at commit).
+
+use super::{LeaseSql, Param::*, Reply, Stmt, CLOCK_SLACK_US};
+
+/// Microseconds since the epoch at the start of the statement, exact.
+const NOW: &str = "(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000))::bigint";
+
+pub(super) fn lease_sql(t: &str) -> LeaseSql {
+    let channel = t.to_string();
+    LeaseSql {
+        // `COLLATE "C"`: names and owners compare byte by byte, never case-insensitively.
+        create: vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (\
+             name TEXT COLLATE \"C\" NOT NULL PRIMARY KEY, \
+             owner TEXT COLLATE \"C\", \
+             holds BIGINT NOT NULL DEFAULT 0, \
+             fence BIGINT NOT NULL DEFAULT 0, \
+             expires_us BIGINT NOT NULL DEFAULT 0)"
+        )],
+        acquire: Stmt::new(
+            format!(
+                "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us) \
+                 VALUES ($1, $2, 1, 1, {NOW} + $3 + {CLOCK_SLACK_US}) \
+                 ON CONFLICT (name) DO UPDATE SET \
+                 holds = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_us > {NOW} THEN l.holds + 1 ELSE 1 END, \
+                 fence = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_us > {NOW} THEN l.fence ELSE l.fence + 1 END, \
+                 expires_us = GREATEST(l.expires_us, EXCLUDED.expires_us), \
+                 owner = EXCLUDED.owner \
+                 WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_us <= {NOW} \
+                 RETURNING fence, holds"
+            ),
+            &[Name, Owner, TtlUs],
+            Reply::Rows,
+        ),
+        inspect: Stmt::new(
+            format!("SELECT owner, fence, holds, expires_us - {NOW} FROM {t} WHERE name = $1"),
+            &[Name],
+            Reply::Rows,
+        ),
+        renew: Stmt::new(
+            format!(
+                "UPDATE {t} SET expires_us = GREATEST(expires_us, {NOW} + $4 + {CLOCK_SLACK_US}) \
+                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_us > {NOW} RETURNING fence"
+            ),
+            &[Name, Owner, Fence, TtlUs],
+            Reply::Rows,
+        ),
+        renew_batch: Stmt::new(
+            format!(
+                "UPDATE {t} AS l SET expires_us = GREATEST(l.expires_us, {NOW} + d.t + {CLOCK_SLACK_US}) \
+                 FROM jsonb_to_recordset($1::jsonb) AS d(n text, o text, f bigint, t bigint) \
+                 WHERE l.name = d.n COLLATE \"C\" AND l.owner = d.o COLLATE \"C\" AND l.fence = d.f \
+                 AND l.expires_us > {NOW} RETURNING l.name, l.fence"
+            ),
+            &[Batch],
+            Reply::Rows,
+        ),
+        renewed: None,
+        release: Stmt::new(
+            format!(
+                "WITH r AS (UPDATE {t} SET holds = holds - 1, \
+                 owner = CASE WHEN holds <= 1 THEN NULL ELSE owner END, \
+                 expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
+                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_us > {NOW} RETURNING holds) \
+                 SELECT holds, CASE WHEN holds = 0 THEN (SELECT 1 FROM pg_notify('{channel}', $1)) END FROM r"
+            ),
+            &[Name, Owner, Fence],
+            Reply::Rows,
+        ),
+        evict: Stmt::new(
+            format!(
+                "WITH r AS (UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0 WHERE name = $1 RETURNING name) \
+                 SELECT (SELECT 1 FROM pg_notify('{channel}', $1)) FROM r"
+            ),
+            &[Name],
+            Reply::Rows,
+        ),
+        channel: Some(channel),
+    }
+}

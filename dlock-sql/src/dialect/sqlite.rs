@@ -1,0 +1,78 @@
+//! SQLite: the same single-statement UPSERT … RETURNING as PostgreSQL (SQLite ≥ 3.35). A
+//! write statement takes the file's write lock before it reads, so it is atomic across
+//! processes; waiting for that lock is bounded by the busy timeout.
+
+use super::{LeaseSql, Param::*, Reply, Stmt, CLOCK_SLACK_US};
+
+/// Microseconds since the epoch, from the statement's `'now'` (millisecond resolution).
+const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
+
+pub(super) fn lease_sql(t: &str) -> LeaseSql {
+    LeaseSql {
+        // TEXT compares with the BINARY collation: byte by byte.
+        create: vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (\
+             name TEXT NOT NULL PRIMARY KEY, \
+             owner TEXT, \
+             holds INTEGER NOT NULL DEFAULT 0, \
+             fence INTEGER NOT NULL DEFAULT 0, \
+             expires_us INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID"
+        )],
+        acquire: Stmt::new(
+            format!(
+                "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us) \
+                 VALUES (?1, ?2, 1, 1, {NOW} + ?3 + {CLOCK_SLACK_US}) \
+                 ON CONFLICT (name) DO UPDATE SET \
+                 holds = CASE WHEN l.owner = excluded.owner AND l.expires_us > {NOW} THEN l.holds + 1 ELSE 1 END, \
+                 fence = CASE WHEN l.owner = excluded.owner AND l.expires_us > {NOW} THEN l.fence ELSE l.fence + 1 END, \
+                 expires_us = MAX(l.expires_us, excluded.expires_us), \
+                 owner = excluded.owner \
+                 WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_us <= {NOW} \
+                 RETURNING fence, holds"
+            ),
+            &[Name, Owner, TtlUs],
+            Reply::Rows,
+        ),
+        inspect: Stmt::new(
+            format!("SELECT owner, fence, holds, expires_us - {NOW} FROM {t} WHERE name = ?1"),
+            &[Name],
+            Reply::Rows,
+        ),
+        renew: Stmt::new(
+            format!(
+                "UPDATE {t} SET expires_us = MAX(expires_us, {NOW} + ?4 + {CLOCK_SLACK_US}) \
+                 WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_us > {NOW}"
+            ),
+            &[Name, Owner, Fence, TtlUs],
+            Reply::Done,
+        ),
+        renew_batch: Stmt::new(
+            format!(
+                "UPDATE {t} AS l SET expires_us = MAX(l.expires_us, {NOW} + d.t + {CLOCK_SLACK_US}) \
+                 FROM (SELECT json_extract(value, '$.n') AS n, json_extract(value, '$.o') AS o, \
+                 json_extract(value, '$.f') AS f, json_extract(value, '$.t') AS t FROM json_each(?1)) AS d \
+                 WHERE l.name = d.n AND l.owner = d.o AND l.fence = d.f AND l.expires_us > {NOW} \
+                 RETURNING name, fence"
+            ),
+            &[Batch],
+            Reply::Rows,
+        ),
+        renewed: None,
+        release: Stmt::new(
+            format!(
+                "UPDATE {t} SET holds = holds - 1, \
+                 owner = CASE WHEN holds <= 1 THEN NULL ELSE owner END, \
+                 expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
+                 WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_us > {NOW}"
+            ),
+            &[Name, Owner, Fence],
+            Reply::Done,
+        ),
+        evict: Stmt::new(
+            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0 WHERE name = ?1"),
+            &[Name],
+            Reply::Done,
+        ),
+        channel: None,
+    }
+}

@@ -1,0 +1,138 @@
+//! Errors: how database errors become [`LockError`]s, and [`SqlError`], the error of the
+//! row-lock, optimistic and fenced helpers.
+
+use dlock_core::LockError;
+
+/// The error of the helpers ([`crate::rowlock`], [`crate::optimistic`], [`crate::fenced`]).
+///
+/// Contention is typed, never a generic database error: a row another transaction has
+/// locked is [`SqlError::Contended`], a version that moved is [`SqlError::Conflict`], a
+/// write refused by a higher fencing token is [`SqlError::Fenced`].
+///
+/// ```
+/// use dlock_core::LockError;
+/// use dlock_sql::SqlError;
+///
+/// assert!(matches!(LockError::from(SqlError::Contended), LockError::Timeout));
+/// assert!(matches!(LockError::from(SqlError::Fenced), LockError::NotHeld));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SqlError {
+    /// The row is locked by another transaction and could not be locked within the wait
+    /// bound (`NOWAIT`, `lock_timeout`, `innodb_lock_wait_timeout`, SQLite's busy timeout).
+    #[error("the row is locked by another transaction")]
+    Contended,
+    /// An optimistic update found another version than it read, on every allowed attempt.
+    #[error("the row changed since it was read (version conflict)")]
+    Conflict,
+    /// The row to lock or update does not exist.
+    #[error("no such row")]
+    NotFound,
+    /// A fenced write was refused: the resource has seen a higher fencing token.
+    #[error("the write was refused: the resource has seen a newer fencing token")]
+    Fenced,
+    /// The database could not be reached (connection refused or lost, pool timed out).
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// Any other database error.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for SqlError {
+    fn from(err: sqlx::Error) -> Self {
+        if is_lock_contention(&err) {
+            SqlError::Contended
+        } else if matches!(err, sqlx::Error::RowNotFound) {
+            SqlError::NotFound
+        } else if is_unavailable(&err) {
+            SqlError::Unavailable(err)
+        } else {
+            SqlError::Database(err)
+        }
+    }
+}
+
+impl From<SqlError> for LockError {
+    fn from(err: SqlError) -> Self {
+        match err {
+            SqlError::Contended => LockError::Timeout,
+            SqlError::Fenced => LockError::NotHeld,
+            SqlError::Unavailable(e) => LockError::Unavailable(e.to_string()),
+            other => LockError::backend(other),
+        }
+    }
+}
+
+/// The database error's code: SQLSTATE on PostgreSQL, the error number on MySQL/MariaDB,
+/// the extended result code on SQLite.
+fn code(err: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Database(db) = err else { return None };
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return Some(my.number().to_string());
+    }
+    db.code().map(|c| c.into_owned())
+}
+
+/// "Could not lock": a row lock not granted within its bound.
+pub(crate) fn is_lock_contention(err: &sqlx::Error) -> bool {
+    let Some(code) = code(err) else { return false };
+    let sqlx::Error::Database(db) = err else { return false };
+    #[cfg(feature = "postgres")]
+    if db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() {
+        // lock_not_available (NOWAIT, lock_timeout)
+        return code == "55P03";
+    }
+    #[cfg(feature = "mysql")]
+    if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some() {
+        // ER_LOCK_WAIT_TIMEOUT (also MariaDB's NOWAIT), ER_LOCK_NOWAIT (MySQL 8)
+        return code == "1205" || code == "3572";
+    }
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // SQLITE_BUSY and its extended codes: the write lock was not had within busy_timeout.
+        return code.parse::<i32>().is_ok_and(|c| c & 0xff == 5 || c & 0xff == 6);
+    }
+    let _ = db;
+    false
+}
+
+/// Whether an error means the database could not be reached.
+pub(crate) fn is_unavailable(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::BeginFailed => true,
+        sqlx::Error::Database(_) => {
+            let Some(code) = code(err) else { return false };
+            // PostgreSQL: connection exceptions, admin/crash shutdown, cannot connect now.
+            code.starts_with("08")
+                || ["57P01", "57P02", "57P03"].contains(&code.as_str())
+                // MySQL/MariaDB: server shutdown, connection killed, read-only during start.
+                || ["1053", "1927", "2006", "2013"].contains(&code.as_str())
+                // SQLite: cannot open the file, disk I/O error.
+                || code.parse::<i32>().is_ok_and(|c| c & 0xff == 14 || c & 0xff == 10)
+        }
+        _ => false,
+    }
+}
+
+/// Maps a database error of a lock operation: unreachable → `Unavailable`, a write lock
+/// not had in time (SQLite busy) → `Unavailable` too (the operation could not be done
+/// within its bound), anything else → `Backend`.
+pub(crate) fn lock_error(err: sqlx::Error) -> LockError {
+    if is_unavailable(&err) || is_lock_contention(&err) {
+        LockError::Unavailable(err.to_string())
+    } else {
+        match err {
+            sqlx::Error::Configuration(e) => LockError::InvalidInput(e.to_string()),
+            other => LockError::backend(other),
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The fixtures of the SQL backends: PostgreSQL and MariaDB servers started per test (or
+//! the servers named by `DLOCK_TEST_POSTGRES_URL` / `DLOCK_TEST_MYSQL_URL`), and SQLite
+//! files in a temporary directory.
+//!
+//! SQLite has no server and no network. Its fixture plays the faults at each client's edge
+//! with [`SqlLink`]: a faulty client's `cut` closes its pool and fails its calls, `blackhole`
+//! stalls them; "stopping the backend" cuts every client's link (as when the disk holding the
+//! file goes away: every process's calls fail) and "starting" it restores them, with the
+//! file and its fence counters intact. An unreachable SQLite database is a file in a
+//! directory that does not exist.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::proxy::FaultProxy;
+use conformance::supervisor::mariadb::MariaDbServer;
+use conformance::supervisor::postgres::PostgresServer;
+use conformance::supervisor::{external_url, free_port};
+use conformance::{FaultyClient, Fixture, Link, Timing};
+use dlock_core::{LockError, LockName, Locker};
+use dlock_sql::{Dialect, SqlConfig, SqlLink, SqlLocker};
+
+/// Which database a fixture runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Postgres,
+    MariaDb,
+    Sqlite,
+}
+
+enum Server {
+    Postgres(PostgresServer),
+    MariaDb(MariaDbServer),
+}
+
+/// A database under test and the means to hurt it.
+pub struct SqlFixture {
+    db: Kind,
+    url: String,
+    addr: Option<SocketAddr>,
+    server: Mutex<Option<Server>>,
+    _dir: Option<tempfile::TempDir>,
+    admin: SqlLocker,
+    links: Mutex<Vec<SqlLink>>,
+    proxies: Mutex<Vec<FaultProxy>>,
+}
+
+/// Short, but not so short that a statement on a machine shared with other test runs
+/// times out.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Opening a connection to a server that is starting up on a loaded machine can take a
+/// while; a lock operation may not.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Room for the many sessions the advisory tests open.
+const MAX_CONNECTIONS: u32 = 1200;
+
+impl SqlFixture {
+    pub async fn new(db: Kind) -> Self {
+        let (url, addr, server, dir) = match db {
+            Kind::Postgres | Kind::MariaDb => {
+                let kind = if db == Kind::Postgres { "postgres" } else { "mysql" };
+                match external_url(kind) {
+                    Some(url) => {
+                        let addr = authority(&url);
+                        (url, addr, None, None)
+                    }
+                    None => {
+                        let server = tokio::task::spawn_blocking(move || match db {
+                            Kind::Postgres => PostgresServer::start(MAX_CONNECTIONS).map(Server::Postgres),
+                            _ => MariaDbServer::start(MAX_CONNECTIONS).map(Server::MariaDb),
+                        })
+                        .await
+                        .expect("server start task")
+                        .expect("start the database server");
+                        let (url, addr) = match &server {
+                            Server::Postgres(s) => (s.url(), s.addr()),
+                            Server::MariaDb(s) => (s.url(), s.addr()),
+                        };
+                        (url, Some(addr), Some(server), None)
+                    }
+                }
+            }
+            Kind::Sqlite => {
+                let dir = tempfile::Builder::new().prefix("dlock-sqlite-").tempdir().expect("temp dir");
+                let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+                (url, None, None, Some(dir))
+            }
+        };
+        // A server that just started may drop the first connections while it finishes
+        // starting up on a busy machine: wait for it to answer.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let admin = loop {
+            match dlock_sql::connect(config(&url)).await {
+                Ok(admin) => break admin,
+                Err(e) if e.is_transient() && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("connect the admin client: {e}"),
+            }
+        };
+        SqlFixture {
+            db,
+            url,
+            addr,
+            server: Mutex::new(server),
+            _dir: dir,
+            admin,
+            links: Mutex::new(Vec::new()),
+            proxies: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        match self.db {
+            Kind::Postgres => Dialect::Postgres,
+            Kind::MariaDb => Dialect::MySql,
+            Kind::Sqlite => Dialect::Sqlite,
+        }
+    }
+
+    pub fn admin(&self) -> &SqlLocker {
+        &self.admin
+    }
+
+    pub async fn lease_client(&self) -> SqlLocker {
+        let client = dlock_sql::connect(config(&self.url)).await.expect("connect a client");
+        self.links.lock().unwrap().push(client.backend().link());
+        client
+    }
+
+    /// A URL to the server through a new fault proxy, and the proxy's link.
+    pub async fn proxied_url(&self) -> (String, Box<dyn Link>) {
+        let addr = self.addr.expect("a server address");
+        let proxy = FaultProxy::start(addr).await.expect("start a fault proxy");
+        let url = self.url.replacen(&addr.to_string(), &proxy.addr().to_string(), 1);
+        let link = Box::new(proxy.link());
+        self.proxies.lock().unwrap().push(proxy);
+        (url, link)
+    }
+
+    pub fn kill(&self) {
+        match self.server.lock().unwrap().as_mut().expect("a local server (not DLOCK_TEST_*_URL)") {
+            Server::Postgres(s) => s.kill(),
+            Server::MariaDb(s) => s.kill(),
+        }
+    }
+
+    pub fn start_again(&self) {
+        match self.server.lock().unwrap().as_mut().expect("a local server (not DLOCK_TEST_*_URL)") {
+            Server::Postgres(s) => s.start_again(),
+            Server::MariaDb(s) => s.start_again(),
+        }
+        .expect("restart the database server");
+    }
+
+    pub fn cut_all(&self, cut: bool) {
+        for link in self.links.lock().unwrap().iter() {
+            if cut {
+                link.cut();
+            } else {
+                link.restore();
+            }
+        }
+    }
+
+    pub async fn lease_faulty(&self) -> FaultyClient {
+        if self.db == Kind::Sqlite {
+            let client = self.lease_client().await;
+            let link = client.backend().link();
+            return FaultyClient { locker: Arc::new(client), link: Box::new(SqliteLink(link)) };
+        }
+        let (url, link) = self.proxied_url().await;
+        let client = dlock_sql::connect(config(&url)).await.expect("connect through the proxy");
+        FaultyClient { locker: Arc::new(client), link }
+    }
+
+    pub fn unreachable_url(&self) -> String {
+        match self.db {
+            Kind::Sqlite => "sqlite:///nonexistent-dlock-dir/for/sure/locks.db".to_string(),
+            Kind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", free_port().expect("port")),
+            Kind::MariaDb => format!("mysql://root@127.0.0.1:{}/dlock", free_port().expect("port")),
+        }
+    }
+}
+
+/// The fixtures' client settings: short operation and connect timeouts.
+pub fn config(url: &str) -> SqlConfig {
+    SqlConfig::from_url(url).expect("url").op_timeout(OP_TIMEOUT).connect_timeout(CONNECT_TIMEOUT).pool_size(10)
+}
+
+/// `host:port` of a server URL.
+fn authority(url: &str) -> Option<SocketAddr> {
+    let rest = url.split_once("://")?.1;
+    let host = rest.split('/').next()?.rsplit('@').next()?;
+    use std::net::ToSocketAddrs;
+    host.to_socket_addrs().ok()?.next()
+}
+
+struct SqliteLink(SqlLink);
+
+impl Link for SqliteLink {
+    fn cut(&self) {
+        self.0.cut();
+    }
+    fn blackhole(&self) {
+        self.0.blackhole();
+    }
+    fn restore(&self) {
+        self.0.restore();
+    }
+}
+
+/// The lease-table locker on one database.
+pub struct LeaseFixture(pub SqlFixture);
+
+impl LeaseFixture {
+    pub async fn new(db: Kind) -> Self {
+        LeaseFixture(SqlFixture::new(db).await)
+    }
+}
+
+#[async_trait]
+impl Fixture for LeaseFixture {
+    fn timing(&self) -> Timing {
+        // Renewals every 667 ms with 1.3 s to spare: reliable while other test processes
+        // keep the database servers and the two cores busy.
+        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(4) }
+    }
+
+    async fn client(&self) -> Arc<dyn Locker> {
+        Arc::new(self.0.lease_client().await)
+    }
+
+    async fn faulty_client(&self) -> FaultyClient {
+        self.0.lease_faulty().await
+    }
+
+    async fn evict(&self, name: &LockName) {
+        self.0.admin.backend().evict(name).await.expect("evict");
+    }
+
+    async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
+        let config = SqlConfig::from_url(&self.0.unreachable_url())?.op_timeout(timeout).connect_timeout(timeout);
+        Ok(Arc::new(dlock_sql::connect(config).await?))
+    }
+
+    async fn stop_backend(&self) {
+        match self.0.db {
+            Kind::Sqlite => self.0.cut_all(true),
+            _ => self.0.kill(),
+        }
+    }
+
+    async fn start_backend(&self) {
+        match self.0.db {
+            Kind::Sqlite => self.0.cut_all(false),
+            _ => tokio::task::block_in_place(|| self.0.start_again()),
+        }
+    }
+}
+
+/// The advisory clients' settings: an acquire may open a session, which on PostgreSQL
+/// starts a server process; on a loaded machine that takes longer than a statement.
+pub fn advisory_config(url: &str) -> SqlConfig {
+    config(url).op_timeout(Duration::from_secs(4))
+}
+
+/// The advisory-lock locker on one database.
+pub struct AdvisoryFixture(pub SqlFixture);
+
+impl AdvisoryFixture {
+    pub async fn new(db: Kind) -> Self {
+        AdvisoryFixture(SqlFixture::new(db).await)
+    }
+}
+
+#[async_trait]
+impl Fixture for AdvisoryFixture {
+    fn timing(&self) -> Timing {
+        // Each held lock is a session of its own, opened on demand (on PostgreSQL a new
+        // server process) and pinged within the ttl: holding a thousand of them at once on a
+        // machine shared with other test runs needs more room than the lease table.
+        Timing { ttl: Duration::from_secs(6), margin: Duration::from_secs(8) }
+    }
+
+    async fn client(&self) -> Arc<dyn Locker> {
+        let client = dlock_sql::connect_advisory(advisory_config(&self.0.url)).await.expect("connect a client");
+        Arc::new(client)
+    }
+
+    async fn faulty_client(&self) -> FaultyClient {
+        let (url, link) = self.0.proxied_url().await;
+        let client = dlock_sql::connect_advisory(advisory_config(&url)).await.expect("connect through the proxy");
+        FaultyClient { locker: Arc::new(client), link }
+    }
+
+    async fn evict(&self, name: &LockName) {
+        let admin = dlock_sql::connect_advisory(advisory_config(&self.0.url)).await.expect("connect the admin client");
+        admin.backend().evict(name).await.expect("evict");
+    }
+
+    async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
+        let config = SqlConfig::from_url(&self.0.unreachable_url())?.op_timeout(timeout).connect_timeout(timeout);
+        Ok(Arc::new(dlock_sql::connect_advisory(config).await?))
+    }
+
+    async fn stop_backend(&self) {
+        self.0.kill();
+    }
+
+    async fn start_backend(&self) {
+        tokio::task::block_in_place(|| self.0.start_again());
+    }
+}

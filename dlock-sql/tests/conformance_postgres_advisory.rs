@@ -1,0 +1,10 @@
+//! The shared conformance suite on PostgreSQL's advisory locks.
+
+// The shared fixtures start every kind of server; the tests need every database feature.
+#![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+
+mod common;
+
+use common::{AdvisoryFixture, Kind};
+
+conformance::suite!(AdvisoryFixture::new(Kind::Postgres).await);
