@@ -53,10 +53,13 @@ impl Stock {
 
 pub async fn demo(url: Option<String>, args: DemoArgs) -> Result<ExitCode, Failure> {
     // A fresh database of its own unless told otherwise, so the demo never meets real locks.
-    let scratch = tempfile_dir()?;
+    let scratch = tempfile::Builder::new()
+        .prefix("dlock-demo-")
+        .tempdir()
+        .map_err(|e| Failure::new(UNAVAILABLE, format!("cannot create a scratch directory: {e}")))?;
     let url = match url {
         Some(url) => url,
-        None => crate::target::sqlite_url(scratch.join("demo.db")),
+        None => crate::target::sqlite_url(scratch.path().join("demo.db")),
     };
     let buyers = args.buyers.max(2);
     let mut clients = Vec::with_capacity(buyers);
@@ -65,7 +68,11 @@ pub async fn demo(url: Option<String>, args: DemoArgs) -> Result<ExitCode, Failu
     }
     let name = LockName::new(format!("demo/stock/{:08x}", fastrand::u32(..)))?;
     println!("dlock demo on {} ({url})", clients[0].backend_name());
-    println!("{buyers} buyers, {} items in stock, each buyer keeps buying until it sees none left.\n", args.stock);
+    println!(
+        "{buyers} buyers, each with its own connection, share a stock counter of {} items and keep buying \
+         (read the count, pay, write count - 1) until they see none left.\n",
+        args.stock
+    );
 
     let (sold, left) = sell(&clients, None, args.stock).await?;
     println!("1. without a lock: sold {sold} items from a stock of {}; the counter says {left} left", args.stock);
@@ -158,11 +165,4 @@ async fn fencing(a: &Arc<dyn Locker>, b: &Arc<dyn Locker>, name: &LockName) -> R
     second.release().await?;
     println!("\nThe lock stopped the oversell; the fencing token stopped the paused holder.");
     Ok(())
-}
-
-fn tempfile_dir() -> Result<std::path::PathBuf, Failure> {
-    let dir = std::env::temp_dir().join(format!("dlock-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Failure::new(UNAVAILABLE, format!("cannot create {}: {e}", dir.display())))?;
-    Ok(dir)
 }

@@ -16,9 +16,9 @@ pub fn resolve(url: Option<String>) -> Result<String, Failure> {
     Ok(sqlite_url(dir.join("locks.db")))
 }
 
-/// `sqlite://<path>?mode=rwc`: the file is created if missing.
+/// `sqlite://<path>` (the file is created if missing).
 pub fn sqlite_url(path: PathBuf) -> String {
-    format!("sqlite://{}?mode=rwc", path.display())
+    format!("sqlite://{}", path.display())
 }
 
 /// The one URL a command takes (only `bench` takes several).

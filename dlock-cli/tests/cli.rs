@@ -186,3 +186,91 @@ mod zookeeper {
         lost_lease_stops_the_command(&server.url(), dir.path());
     }
 }
+
+mod sqlite {
+    use super::*;
+
+    fn url(dir: &Path) -> String {
+        format!("sqlite://{}", dir.join("locks.db").display())
+    }
+
+    #[test]
+    fn processes_exclude_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        counts_exactly(&url(dir.path()), dir.path());
+    }
+
+    #[test]
+    fn exit_codes() {
+        let dir = tempfile::tempdir().unwrap();
+        passes_exit_code(&url(dir.path()));
+        tempfail_when_held(&url(dir.path()), dir.path());
+        lost_lease_stops_the_command(&url(dir.path()), dir.path());
+    }
+
+    /// With no --url and no DLOCK_URL, the command uses a SQLite file in the data directory.
+    #[test]
+    fn the_default_is_a_sqlite_file_in_the_data_directory() {
+        let home = tempfile::tempdir().unwrap();
+        let out =
+            output(
+                Command::new(env!("CARGO_BIN_EXE_dlock"))
+                    .env_remove("DLOCK_URL")
+                    .env("XDG_DATA_HOME", home.path())
+                    .args(["run", "default-lock", "--", "sh", "-c", "echo $DLOCK_URL"]),
+            );
+        assert!(out.status.success(), "{out:?}");
+        let url = String::from_utf8_lossy(&out.stdout);
+        assert!(url.trim().starts_with("sqlite://"), "{url}");
+        assert!(home.path().join("dlock/locks.db").exists(), "no database in {}", home.path().display());
+    }
+
+    #[test]
+    fn demo_runs_on_the_embedded_default() {
+        let out = output(Command::new(env!("CARGO_BIN_EXE_dlock")).env_remove("DLOCK_URL").arg("demo"));
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("with a lock:    sold 10 items from a stock of 10; the counter says 0 left"), "{text}");
+        assert!(text.contains("refused"), "{text}");
+    }
+}
+
+mod postgres {
+    use super::*;
+    use conformance::supervisor::postgres::PostgresServer;
+
+    #[test]
+    fn processes_exclude_each_other() {
+        let server = PostgresServer::start(100).expect("start PostgreSQL");
+        counts_exactly(&server.url(), tempfile::tempdir().unwrap().path());
+    }
+
+    #[test]
+    fn exit_codes() {
+        let server = PostgresServer::start(100).expect("start PostgreSQL");
+        let dir = tempfile::tempdir().unwrap();
+        passes_exit_code(&server.url());
+        tempfail_when_held(&server.url(), dir.path());
+        lost_lease_stops_the_command(&server.url(), dir.path());
+    }
+}
+
+mod mariadb {
+    use super::*;
+    use conformance::supervisor::mariadb::MariaDbServer;
+
+    #[test]
+    fn processes_exclude_each_other() {
+        let server = MariaDbServer::start(200).expect("start MariaDB");
+        counts_exactly(&server.url(), tempfile::tempdir().unwrap().path());
+    }
+
+    #[test]
+    fn exit_codes() {
+        let server = MariaDbServer::start(200).expect("start MariaDB");
+        let dir = tempfile::tempdir().unwrap();
+        passes_exit_code(&server.url());
+        tempfail_when_held(&server.url(), dir.path());
+        lost_lease_stops_the_command(&server.url(), dir.path());
+    }
+}

@@ -6,8 +6,8 @@
 //! |---|---|---|
 //! | `memory://[name]` | in-process ([`memory`]) | always |
 //! | `sqlite://path`, `sqlite::memory:` | SQLite lease table | `sqlite` (default) |
-//! | `postgres://`, `postgresql://` | PostgreSQL lease table | `postgres` |
-//! | `mysql://`, `mariadb://` | MySQL/MariaDB lease table | `mysql` |
+//! | `postgres://`, `postgresql://` | PostgreSQL lease table (`?lock=advisory`: `pg_advisory_lock`) | `postgres` |
+//! | `mysql://`, `mariadb://` | MySQL/MariaDB lease table (`?lock=advisory`: `GET_LOCK`) | `mysql` |
 //! | `redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://` | Redis (one server, Cluster, Sentinel) | `redis` |
 //! | `redlock://h1:p1,h2:p2,...` | RedLock over N Redis masters | `redlock` |
 //! | `zk://` | ZooKeeper | `zk` |

@@ -92,6 +92,12 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>, LockError> {
     let scheme = Scheme::of(url)?;
     match scheme {
         Scheme::Memory => Ok(Arc::new(memory_store(url)?.client())),
+        #[cfg(feature = "sqlite")]
+        Scheme::Sqlite => dlock_sql::connect_any(dlock_sql::SqlConfig::from_url(url)?).await,
+        #[cfg(feature = "postgres")]
+        Scheme::Postgres => dlock_sql::connect_any(dlock_sql::SqlConfig::from_url(url)?).await,
+        #[cfg(feature = "mysql")]
+        Scheme::Mysql => dlock_sql::connect_any(dlock_sql::SqlConfig::from_url(url)?).await,
         #[cfg(feature = "redis")]
         Scheme::Redis => Ok(Arc::new(dlock_redis::connect(dlock_redis::RedisConfig::from_url(url)?).await?)),
         #[cfg(feature = "zk")]
@@ -107,6 +113,12 @@ pub async fn raw_baseline(url: &str) -> Result<Box<dyn RawBaseline>, LockError> 
     let scheme = Scheme::of(url)?;
     match scheme {
         Scheme::Memory => Ok(Box::new(memory_store(url)?.raw_baseline())),
+        #[cfg(feature = "sqlite")]
+        Scheme::Sqlite => Ok(Box::new(dlock_sql::raw_baseline(dlock_sql::SqlConfig::from_url(url)?).await?)),
+        #[cfg(feature = "postgres")]
+        Scheme::Postgres => Ok(Box::new(dlock_sql::raw_baseline(dlock_sql::SqlConfig::from_url(url)?).await?)),
+        #[cfg(feature = "mysql")]
+        Scheme::Mysql => Ok(Box::new(dlock_sql::raw_baseline(dlock_sql::SqlConfig::from_url(url)?).await?)),
         #[cfg(feature = "redis")]
         Scheme::Redis => Ok(Box::new(dlock_redis::raw_baseline(dlock_redis::RedisConfig::from_url(url)?).await?)),
         #[cfg(feature = "zk")]
