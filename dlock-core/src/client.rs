@@ -19,7 +19,7 @@ use crate::locker::{Capabilities, ClientStats, LockInfo, Locker};
 use crate::name::{LockName, OwnerId};
 use crate::options::{drift, LockOptions, MAX_DURATION};
 use crate::renewal::Scheduler;
-use crate::stats::Stats;
+use crate::stats::{InFlight, Stats};
 use crate::token::FencingToken;
 
 /// Settings every client shares, whatever its backend.
@@ -130,11 +130,12 @@ impl<B: Backend> Client<B> {
         let cancel = Arc::new(Cancel::default());
         let inner = self.inner.clone();
         let opts = opts.clone();
+        let in_flight = Some(InFlight::start(&self.inner.stats));
         let run = {
             let cancel = cancel.clone();
             async move { inner.acquire_loop(&req, &opts, &cancel).await }.instrument(span)
         };
-        Guarded { run: Some(Box::pin(run)), cancel }.await
+        Guarded { run: Some(Box::pin(run)), cancel, in_flight }.await
     }
 }
 
@@ -172,6 +173,7 @@ impl Cancel {
 struct Guarded {
     run: Option<Pin<Box<dyn Future<Output = AcquireResult> + Send>>>,
     cancel: Arc<Cancel>,
+    in_flight: Option<InFlight>,
 }
 
 impl Future for Guarded {
@@ -184,6 +186,7 @@ impl Future for Guarded {
         let result = run.as_mut().poll(cx);
         if result.is_ready() {
             self.run = None;
+            self.in_flight = None;
         }
         result
     }
@@ -195,9 +198,12 @@ impl Drop for Guarded {
         self.cancel.fire();
         // Without a runtime nothing can finish the attempt; the hold's ttl frees it.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let in_flight = self.in_flight.take();
             runtime.spawn(async move {
-                // A lease that comes back is dropped here, which releases it.
+                // A lease that comes back is dropped here, which releases it (and counts
+                // as in flight until then, so the count never dips to zero in between).
                 drop(run.await);
+                drop(in_flight);
             });
         }
     }

@@ -13,7 +13,7 @@ use crate::error::{LockError, LostReason};
 use crate::name::{LockName, OwnerId};
 use crate::options::{drift, LeaseMode, MAX_DURATION, MIN_TTL};
 use crate::renewal::Scheduler;
-use crate::stats::Stats;
+use crate::stats::{InFlight, Stats};
 use crate::token::FencingToken;
 
 /// The backend operations bound to one hold, with their timeouts and spans applied.
@@ -330,7 +330,9 @@ impl Drop for Lease {
         let core = self.core.clone();
         // Without a runtime the hold cannot be released now; its ttl frees it.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let in_flight = InFlight::start(&core.stats);
             runtime.spawn(async move {
+                let _in_flight = in_flight;
                 let outcome = core.hold.release().await;
                 core.stats.released.fetch_add(1, Ordering::Relaxed);
                 if let Err(err) = outcome {

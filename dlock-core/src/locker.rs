@@ -92,6 +92,9 @@ pub struct ClientStats {
     pub scheduled: u64,
     /// Acquires blocked now, waiting for a holder to let go.
     pub waiting: u64,
+    /// Acquires under way (including those finishing in the background after their caller
+    /// gave up) and background releases of dropped leases.
+    pub in_flight: u64,
 }
 
 /// A client of one lock backend. Object-safe: `Arc<dyn Locker>` is what

@@ -1,6 +1,7 @@
 //! Per-client counters behind [`ClientStats`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::locker::ClientStats;
 
@@ -14,6 +15,7 @@ pub(crate) struct Stats {
     pub(crate) active: AtomicU64,
     pub(crate) scheduled: AtomicU64,
     pub(crate) waiting: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
 }
 
 impl Stats {
@@ -28,6 +30,23 @@ impl Stats {
             active_leases: get(&self.active),
             scheduled: get(&self.scheduled),
             waiting: get(&self.waiting),
+            in_flight: get(&self.in_flight),
         }
+    }
+}
+
+/// Counts one operation in flight for as long as it lives.
+pub(crate) struct InFlight(Arc<Stats>);
+
+impl InFlight {
+    pub(crate) fn start(stats: &Arc<Stats>) -> Self {
+        stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(stats.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }

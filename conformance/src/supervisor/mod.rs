@@ -279,14 +279,17 @@ fn tie_to_parent(cmd: &mut Command) {
     }
 }
 
-/// A directory shared by test processes for slow-to-make things (database templates),
-/// under the cargo target directory, with a file lock so one process makes each.
+/// A directory shared by test processes for slow-to-make things (database templates):
+/// `dlock-test-cache` in the cargo target directory of the running test binary
+/// (`target/<profile>/deps/<test>` → `target/dlock-test-cache`), else in the system's
+/// temporary directory.
 pub fn cache_dir() -> io::Result<PathBuf> {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
-        .map(PathBuf::from)
-        .or_else(|| option_env!("CARGO_TARGET_TMPDIR").map(PathBuf::from))
-        .unwrap_or_else(|| std::env::temp_dir().join("dlock-test-cache"));
-    let dir = base.join("dlock-servers");
+    let beside_target = std::env::current_exe().ok().and_then(|exe| {
+        let profile = exe.parent()?.parent()?;
+        let target = profile.parent()?;
+        target.join("CACHEDIR.TAG").exists().then(|| target.join("dlock-test-cache"))
+    });
+    let dir = beside_target.unwrap_or_else(|| std::env::temp_dir().join("dlock-test-cache"));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
