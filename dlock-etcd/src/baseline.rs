@@ -1,0 +1,86 @@
+//! The raw baseline for `dlock bench`: the requests of an uncontended acquire and release,
+//! and of a renewal, sent straight through `etcd-client`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+
+use crate::cluster::Cluster;
+use crate::config::EtcdConfig;
+use crate::connect;
+use crate::error::EtcdError;
+use crate::keys::{self, HoldValue};
+
+/// The etcd backend's raw baseline (see [`RawBaseline`]): one lease granted up front, as
+/// a client session is; each acquire sends a keepalive of it alongside the put-if-free
+/// transaction, and the release is one guarded delete.
+pub struct EtcdBaseline {
+    cluster: Cluster,
+    prefix: String,
+    lease: i64,
+    op_timeout: Duration,
+    owner: OwnerId,
+    seq: AtomicU64,
+}
+
+/// Connects as [`connect`](crate::connect) does and grants the baseline's lease (30 s,
+/// the default ttl).
+pub async fn raw_baseline(config: EtcdConfig) -> Result<EtcdBaseline, LockError> {
+    let cluster = connect::open(&config).await?;
+    let granted = cluster.grant(config.op_timeout(), keys::ttl_secs(DEFAULT_TTL)).await?;
+    Ok(EtcdBaseline {
+        cluster,
+        prefix: config.prefix().to_string(),
+        lease: granted.id(),
+        op_timeout: config.op_timeout(),
+        owner: OwnerId::new("raw-baseline")?,
+        seq: AtomicU64::new(1),
+    })
+}
+
+impl EtcdBaseline {
+    async fn keep_alive(&self) -> Result<(), LockError> {
+        match self.cluster.keep_alive(self.op_timeout, self.lease).await? {
+            true => Ok(()),
+            false => Err(LockError::Lost(dlock_core::LostReason::SessionExpired)),
+        }
+    }
+}
+
+#[async_trait]
+impl RawBaseline for EtcdBaseline {
+    async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
+        let dir = keys::lock_dir(&self.prefix, name);
+        let key = keys::request_key(&dir, self.lease, self.seq.fetch_add(1, Ordering::Relaxed));
+        let value = HoldValue::encode(1, &self.owner);
+        let acquire = Txn::new()
+            .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(self.lease)))]);
+        let (alive, resp) = futures::join!(self.keep_alive(), self.cluster.txn("acquire", self.op_timeout, acquire));
+        alive?;
+        let resp = resp?;
+        if !resp.succeeded() {
+            return Err(LockError::Timeout);
+        }
+        let rev = resp.header().map(|h| h.revision()).ok_or(EtcdError::Protocol("a transaction without a header"))?;
+        let release = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, rev),
+                Compare::value(key.clone(), CompareOp::Equal, value),
+            ])
+            .and_then([TxnOp::delete(key.clone(), None)])
+            .or_else([TxnOp::get(key, None)]);
+        self.cluster.txn("release", self.op_timeout, release).await.map(drop)
+    }
+
+    async fn renew(&self, name: &LockName) -> Result<(), LockError> {
+        let key = keys::request_key(&keys::lock_dir(&self.prefix, name), self.lease, 0);
+        let check = Txn::new().and_then([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
+        let (alive, checked) = futures::join!(self.keep_alive(), self.cluster.read("renew", self.op_timeout, check));
+        alive?;
+        checked.map(drop)
+    }
+}

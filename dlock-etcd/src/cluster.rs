@@ -1,0 +1,306 @@
+//! The etcd cluster as one client reaches it: a connection per endpoint, one of them
+//! pinned at a time, and the next one pinned when it fails.
+//!
+//! `etcd-client` spreads requests over all endpoints through one balanced channel that
+//! keeps a dead member in its rotation: with one member of three down, a good share of
+//! requests fail at once ("tcp connect error"), or hang until a timeout where the dead
+//! host does not refuse connections. Pinning one member, as etcd's own clients do, sends
+//! every request to a member that answered last time; a request that surely never reached
+//! a server (the connection was refused, or the member has no leader and said so before
+//! doing anything) is sent again to the next member, within the same time bound.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_core::LockError;
+use etcd_client::{
+    Client, ConnectOptions, Error, GetOptions, GetResponse, LeaseGrantResponse, LeaseTimeToLiveOptions, Txn,
+    TxnResponse, WatchOptions, WatchStream,
+};
+use tonic::Code;
+
+use crate::error::{is_lease_gone, is_transient, map_err};
+
+/// The first pause before sending again a request refused for want of a leader.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+/// The longest such pause.
+const RETRY_MAX: Duration = Duration::from_millis(200);
+
+/// The members of one cluster, as this client reaches them.
+pub(crate) struct Cluster {
+    members: Vec<Member>,
+    pinned: AtomicUsize,
+    options: ConnectOptions,
+    connect_timeout: Duration,
+}
+
+struct Member {
+    endpoint: String,
+    client: tokio::sync::OnceCell<Client>,
+}
+
+/// Whether a request may be sent again after the connection broke under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Only where it surely was not received: it may change something twice.
+    Unsent,
+    /// Whenever it may not have been served: repeating it changes nothing.
+    Idempotent,
+}
+
+/// How a failed request is sent again.
+enum Again {
+    /// At once, to the next member.
+    Refused,
+    /// After a pause.
+    AfterPause,
+}
+
+enum Failure {
+    /// No client for the member: connecting (or authenticating) failed.
+    Connect(Error),
+    /// The request failed.
+    Call(Error),
+}
+
+impl Cluster {
+    pub(crate) fn new(endpoints: Vec<String>, options: ConnectOptions, connect_timeout: Duration) -> Self {
+        let members: Vec<Member> =
+            endpoints.into_iter().map(|endpoint| Member { endpoint, client: tokio::sync::OnceCell::new() }).collect();
+        // Clients start on different members, spreading the load as etcd's clients do.
+        let first = fastrand::usize(..members.len().max(1));
+        Cluster { members, pinned: AtomicUsize::new(first), options, connect_timeout }
+    }
+
+    async fn client(&self, index: usize) -> Result<Client, Error> {
+        let member = &self.members[index];
+        member
+            .client
+            .get_or_try_init(|| async {
+                let connect = Client::connect([member.endpoint.as_str()], Some(self.options.clone()));
+                match tokio::time::timeout(self.connect_timeout, connect).await {
+                    Ok(result) => result,
+                    Err(_) => Err(Error::IoError(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no connection to {} in time", member.endpoint),
+                    ))),
+                }
+            })
+            .await
+            .cloned()
+    }
+
+    /// The client of the pinned member, for users' own requests.
+    pub(crate) async fn pinned_client(&self) -> Result<Client, LockError> {
+        self.call("connect", self.connect_timeout, Retry::Idempotent, |client| async move { Ok(client) }).await
+    }
+
+    fn rotate(&self, from: usize) {
+        if self.members.len() > 1 {
+            let next = (from + 1) % self.members.len();
+            if self.pinned.compare_exchange(from, next, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                tracing::debug!(from = %self.members[from].endpoint, to = %self.members[next].endpoint, "etcd member switched");
+            }
+        }
+    }
+
+    /// Runs `op` on the pinned member within `limit`, moving to the next member when this
+    /// one cannot be reached. A request is sent again when that cannot apply it twice: at
+    /// once to each other member when the connection was refused (it was never sent),
+    /// after a short pause while the member refuses it for want of a leader (an election
+    /// is under way), and, for a request that may be repeated (`Retry::Idempotent`), after
+    /// a pause when the connection broke under it. An overrun is `Unavailable`.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        limit: Duration,
+        retry: Retry,
+        mut op: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let deadline = Instant::now() + limit;
+        let mut refused = 0;
+        let mut pause = RETRY_FIRST;
+        loop {
+            let index = self.pinned.load(Ordering::SeqCst) % self.members.len();
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let attempt = async {
+                let client = self.client(index).await.map_err(Failure::Connect)?;
+                op(client).await.map_err(Failure::Call)
+            };
+            let (err, again) = match tokio::time::timeout(remaining, attempt).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(Failure::Call(err))) if refused_connection(&err) => (err, Again::Refused),
+                // Connecting sent no request of ours; authenticating may have been refused.
+                Ok(Err(Failure::Connect(err))) if is_transient(&err) => (err, Again::Refused),
+                Ok(Err(Failure::Call(err))) if no_leader(&err) => (err, Again::AfterPause),
+                Ok(Err(Failure::Call(err))) if retry == Retry::Idempotent && is_transient(&err) => {
+                    (err, Again::AfterPause)
+                }
+                Ok(Err(Failure::Connect(err) | Failure::Call(err))) => {
+                    if member_trouble(&err) {
+                        self.rotate(index);
+                    }
+                    return Err(map_err(err));
+                }
+                Err(_) => {
+                    self.rotate(index);
+                    return Err(LockError::Unavailable(format!("etcd {what} did not complete within {limit:?}")));
+                }
+            };
+            self.rotate(index);
+            match again {
+                Again::Refused => {
+                    refused += 1;
+                    if refused >= self.members.len() {
+                        return Err(map_err(err));
+                    }
+                }
+                Again::AfterPause => {
+                    let retry_at = Instant::now() + pause;
+                    if retry_at >= deadline {
+                        return Err(map_err(err));
+                    }
+                    tokio::time::sleep_until(retry_at.into()).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// A transaction that changes something: sent again only where it surely did not apply.
+    pub(crate) async fn txn(&self, what: &str, limit: Duration, txn: Txn) -> Result<TxnResponse, LockError> {
+        self.call(what, limit, Retry::Unsent, |client| {
+            let txn = txn.clone();
+            async move { client.kv_client().txn(txn).await }
+        })
+        .await
+    }
+
+    /// A transaction that only reads, or whose guard makes a repeat harmless.
+    pub(crate) async fn read(&self, what: &str, limit: Duration, txn: Txn) -> Result<TxnResponse, LockError> {
+        self.call(what, limit, Retry::Idempotent, |client| {
+            let txn = txn.clone();
+            async move { client.kv_client().txn(txn).await }
+        })
+        .await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        what: &str,
+        limit: Duration,
+        key: Vec<u8>,
+        options: GetOptions,
+    ) -> Result<GetResponse, LockError> {
+        self.call(what, limit, Retry::Idempotent, |client| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { client.kv_client().get(key, Some(options)).await }
+        })
+        .await
+    }
+
+    pub(crate) async fn delete(&self, limit: Duration, key: Vec<u8>) -> Result<(), LockError> {
+        self.call("delete", limit, Retry::Idempotent, |client| {
+            let key = key.clone();
+            async move { client.kv_client().delete(key, None).await.map(drop) }
+        })
+        .await
+    }
+
+    pub(crate) async fn grant(&self, limit: Duration, ttl_secs: i64) -> Result<LeaseGrantResponse, LockError> {
+        self.call("lease grant", limit, Retry::Idempotent, |client| async move {
+            client.lease_client().grant(ttl_secs, None).await
+        })
+        .await
+    }
+
+    pub(crate) async fn revoke(&self, limit: Duration, lease: i64) -> Result<(), LockError> {
+        self.call("lease revoke", limit, Retry::Idempotent, |client| async move {
+            client.lease_client().revoke(lease).await.map(drop)
+        })
+        .await
+    }
+
+    /// One keepalive on a fresh stream (closed again when the answer is in): `Ok(false)`
+    /// when the lease is gone.
+    pub(crate) async fn keep_alive(&self, limit: Duration, lease: i64) -> Result<bool, LockError> {
+        let kept = self
+            .call("keepalive", limit, Retry::Idempotent, |client| async move {
+                client.lease_client().keep_alive(lease).await.map(drop)
+            })
+            .await;
+        match kept {
+            Ok(()) => Ok(true),
+            Err(err) if is_lease_gone(&err) => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The remaining ttl of a lease in seconds (negative when it is gone).
+    pub(crate) async fn time_to_live(&self, limit: Duration, lease: i64) -> Result<i64, LockError> {
+        self.call("lease ttl", limit, Retry::Idempotent, |client| async move {
+            client.lease_client().time_to_live(lease, None).await.map(|r| r.ttl())
+        })
+        .await
+    }
+
+    /// The keys attached to a lease, `None` when the lease is gone.
+    pub(crate) async fn lease_keys(&self, limit: Duration, lease: i64) -> Result<Option<Vec<Vec<u8>>>, LockError> {
+        self.call("lease keys", limit, Retry::Idempotent, |client| async move {
+            let options = LeaseTimeToLiveOptions::new().with_keys();
+            let resp = client.lease_client().time_to_live(lease, Some(options)).await?;
+            Ok((resp.ttl() >= 0).then(|| resp.keys().to_vec()))
+        })
+        .await
+    }
+
+    pub(crate) async fn watch(
+        &self,
+        limit: Duration,
+        key: Vec<u8>,
+        options: WatchOptions,
+    ) -> Result<WatchStream, LockError> {
+        self.call("watch", limit, Retry::Idempotent, |client| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { client.watch_client().watch(key, Some(options)).await }
+        })
+        .await
+    }
+}
+
+/// Whether the connection was refused: the request was never sent.
+fn refused_connection(err: &Error) -> bool {
+    match err {
+        Error::GRpcStatus(status) => {
+            status.code() == Code::Unavailable && {
+                let message = status.message();
+                message.contains("tcp connect error") || message.contains("error trying to connect")
+            }
+        }
+        Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Whether the member refused the request for want of a leader, before doing anything.
+fn no_leader(err: &Error) -> bool {
+    matches!(err, Error::GRpcStatus(status) if status.code() == Code::Unavailable && status.message().contains("etcdserver: no leader"))
+}
+
+/// Whether the member looks unreachable or cut off (worth trying another).
+fn member_trouble(err: &Error) -> bool {
+    match err {
+        Error::GRpcStatus(status) => match status.code() {
+            Code::Unavailable => !status.message().starts_with("etcdserver:"),
+            Code::DeadlineExceeded | Code::Unknown => true,
+            _ => false,
+        },
+        Error::TransportError(_) | Error::IoError(_) => true,
+        _ => false,
+    }
+}

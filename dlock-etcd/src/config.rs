@@ -1,0 +1,381 @@
+//! [`EtcdConfig`]: endpoints, credentials, TLS, timeouts and key prefix, from a URL or a builder.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dlock_core::{percent_decode, ConnectOptions, LockError};
+
+/// The port etcd clients use when a URL names none.
+const DEFAULT_PORT: u16 = 2379;
+
+/// How to reach etcd and where to keep the locks.
+///
+/// From a URL, `etcd://[user:password@]host:port[,host:port...][/][?options]`, or
+/// `etcds://...` for TLS. Options: `connect_timeout`, `op_timeout` and `prefix` (shared by
+/// every backend), and with `etcds://` also `ca` (a PEM file of the CA to trust instead of
+/// the system's roots), `cert` and `key` (a client certificate, PEM files) and `domain`
+/// (the name to verify in the server's certificate, when it is not the host of the URL).
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_etcd::EtcdConfig;
+///
+/// let config = EtcdConfig::from_url("etcd://app:s3cret@10.0.0.1:2379,10.0.0.2:2379?op_timeout=2s&prefix=shop")?;
+/// assert_eq!(config.endpoints(), ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]);
+/// assert_eq!(config.op_timeout(), Duration::from_secs(2));
+/// assert_eq!(config.prefix(), "shop");
+///
+/// let built = EtcdConfig::new(["127.0.0.1:2379"]).with_user("app", "s3cret").with_op_timeout(Duration::from_secs(2));
+/// assert_eq!(built.endpoints(), ["http://127.0.0.1:2379"]);
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    hosts: Vec<String>,
+    user: Option<(String, String)>,
+    tls: bool,
+    ca: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
+    domain: Option<String>,
+    connect_timeout: Duration,
+    op_timeout: Duration,
+    prefix: String,
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("hosts", &self.hosts)
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .field("tls", &self.tls)
+            .field("ca", &self.ca)
+            .field("identity", &self.identity)
+            .field("domain", &self.domain)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl EtcdConfig {
+    /// A configuration for these `host:port` endpoints, without TLS or credentials, with
+    /// the default timeouts (5 s) and prefix (`dlock`).
+    pub fn new<I, S>(hosts: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let defaults = ConnectOptions::default();
+        EtcdConfig {
+            hosts: hosts.into_iter().map(Into::into).collect(),
+            user: None,
+            tls: false,
+            ca: None,
+            identity: None,
+            domain: None,
+            connect_timeout: defaults.connect_timeout,
+            op_timeout: defaults.op_timeout,
+            prefix: defaults.prefix,
+        }
+    }
+
+    /// Parses `etcd://` and `etcds://` URLs (see the type's docs).
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let bad = |why: &str| LockError::InvalidInput(format!("bad etcd URL {:?}: {why}", redact(url)));
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("expected etcd:// or etcds://"))?;
+        let tls = match scheme {
+            "etcd" => false,
+            "etcds" => true,
+            _ => return Err(bad("expected etcd:// or etcds://")),
+        };
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if !path.is_empty() {
+            return Err(bad("the URL takes no path (use ?prefix= for the key prefix)"));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let user = match userinfo {
+            Some(userinfo) => {
+                let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+                let user = percent_decode(user)?;
+                if user.is_empty() {
+                    return Err(bad("empty user name"));
+                }
+                Some((user, percent_decode(password)?))
+            }
+            None => None,
+        };
+        let hosts = hosts.split(',').map(|host| parse_host(host).map_err(|why| bad(&why))).collect::<Result<_, _>>()?;
+
+        let (common, rest) = ConnectOptions::from_query(query)?;
+        let mut config = EtcdConfig::new(Vec::<String>::new());
+        config.hosts = hosts;
+        config.user = user;
+        config.tls = tls;
+        config.connect_timeout = common.connect_timeout;
+        config.op_timeout = common.op_timeout;
+        config.prefix = common.prefix;
+        let mut cert = None;
+        let mut key = None;
+        for (name, value) in rest {
+            if !tls && matches!(name.as_str(), "ca" | "cert" | "key" | "domain") {
+                return Err(bad(&format!("option {name} needs TLS (etcds://)")));
+            }
+            if value.is_empty() {
+                return Err(bad(&format!("option {name} is empty")));
+            }
+            match name.as_str() {
+                "ca" => config.ca = Some(PathBuf::from(value)),
+                "cert" => cert = Some(PathBuf::from(value)),
+                "key" => key = Some(PathBuf::from(value)),
+                "domain" => config.domain = Some(value),
+                other => return Err(bad(&format!("unknown option {other:?}"))),
+            }
+        }
+        match (cert, key) {
+            (Some(cert), Some(key)) => config.identity = Some((cert, key)),
+            (None, None) => {}
+            _ => return Err(bad("cert and key go together")),
+        }
+        Ok(config)
+    }
+
+    /// Authenticates as this etcd user.
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Speaks TLS to the endpoints (trusting the system's roots unless [`with_ca_file`](Self::with_ca_file) is set).
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Trusts the CA in this PEM file (and turns TLS on).
+    pub fn with_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca = Some(path.into());
+        self.tls = true;
+        self
+    }
+
+    /// Presents this client certificate and key, PEM files (and turns TLS on).
+    pub fn with_client_identity(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.identity = Some((cert.into(), key.into()));
+        self.tls = true;
+        self
+    }
+
+    /// Verifies this name in the server's certificate instead of the endpoint's host.
+    pub fn with_domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// Sets how long connecting may take before `Unavailable`.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets how long one operation may take before `Unavailable`.
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// Sets the key prefix under which the locks live.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The endpoints as the client library takes them: `http://host:port` or `https://host:port`.
+    pub fn endpoints(&self) -> Vec<String> {
+        let scheme = if self.tls { "https" } else { "http" };
+        self.hosts.iter().map(|host| format!("{scheme}://{host}")).collect()
+    }
+
+    /// The user name, if the client authenticates.
+    pub fn user_name(&self) -> Option<&str> {
+        self.user.as_ref().map(|(user, _)| user.as_str())
+    }
+
+    pub(crate) fn credentials(&self) -> Option<&(String, String)> {
+        self.user.as_ref()
+    }
+
+    /// Whether the client speaks TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The CA file to trust, if set.
+    pub fn ca_file(&self) -> Option<&PathBuf> {
+        self.ca.as_ref()
+    }
+
+    /// The client certificate and key files, if set.
+    pub fn client_identity(&self) -> Option<(&PathBuf, &PathBuf)> {
+        self.identity.as_ref().map(|(cert, key)| (cert, key))
+    }
+
+    /// The name verified in the server's certificate, if set.
+    pub fn domain(&self) -> Option<&str> {
+        self.domain.as_deref()
+    }
+
+    /// How long connecting may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// How long one operation may take.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Checks what the URL parser checks, for configurations built by hand.
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        if self.hosts.is_empty() {
+            return Err(LockError::InvalidInput("an etcd configuration needs at least one endpoint".into()));
+        }
+        for host in &self.hosts {
+            parse_host(host).map_err(|why| LockError::InvalidInput(format!("bad etcd endpoint {host:?}: {why}")))?;
+        }
+        if self.prefix.is_empty() || self.prefix.contains('\0') {
+            return Err(LockError::InvalidInput("the key prefix must be non-empty text without NUL".into()));
+        }
+        for (what, d) in [("connect timeout", self.connect_timeout), ("op timeout", self.op_timeout)] {
+            if d.is_zero() || d > dlock_core::MAX_DURATION {
+                return Err(LockError::InvalidInput(format!("the {what} {d:?} is out of range")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Accepts `host`, `host:port` and `[v6]:port`; returns `host:port`.
+fn parse_host(host: &str) -> Result<String, String> {
+    if host.is_empty() {
+        return Err("empty host".into());
+    }
+    if host.contains(['/', '@', '?', '#', ' ']) {
+        return Err(format!("bad host {host:?}"));
+    }
+    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
+        let (addr, after) = v6.split_once(']').ok_or_else(|| format!("bad host {host:?}"))?;
+        let port = match after.strip_prefix(':') {
+            Some(port) => Some(port),
+            None if after.is_empty() => None,
+            None => return Err(format!("bad host {host:?}")),
+        };
+        (format!("[{addr}]"), port)
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) => (name.to_string(), Some(port)),
+            None => (host.to_string(), None),
+        }
+    };
+    if name.is_empty() || name.contains(':') && !name.starts_with('[') {
+        return Err(format!("bad host {host:?}"));
+    }
+    let port = match port {
+        Some(port) => port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("bad port in {host:?}"))?,
+        None => DEFAULT_PORT,
+    };
+    Ok(format!("{name}:{port}"))
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, _)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{}", &rest[userinfo.len() + 1..])
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_full_urls() {
+        let c = EtcdConfig::from_url(
+            "etcds://us%40er:p%3Ass@a.example:2380,[::1]:2381,b.example?ca=/etc/ca.pem&cert=/c.pem&key=/k.pem&domain=etcd.local&connect_timeout=250ms&prefix=x%2Fy",
+        )
+        .unwrap();
+        assert_eq!(c.endpoints(), ["https://a.example:2380", "https://[::1]:2381", "https://b.example:2379"]);
+        assert_eq!(c.credentials(), Some(&("us@er".to_string(), "p:ss".to_string())));
+        assert!(c.is_tls());
+        assert_eq!(c.ca_file(), Some(&PathBuf::from("/etc/ca.pem")));
+        assert_eq!(c.client_identity(), Some((&PathBuf::from("/c.pem"), &PathBuf::from("/k.pem"))));
+        assert_eq!(c.domain(), Some("etcd.local"));
+        assert_eq!(c.connect_timeout(), Duration::from_millis(250));
+        assert_eq!(c.op_timeout(), Duration::from_secs(5));
+        assert_eq!(c.prefix(), "x/y");
+        assert!(!format!("{c:?}").contains("p:ss"), "Debug must not show the password");
+    }
+
+    #[test]
+    fn plain_url_defaults() {
+        let c = EtcdConfig::from_url("etcd://127.0.0.1:2379/").unwrap();
+        assert_eq!(c.endpoints(), ["http://127.0.0.1:2379"]);
+        assert_eq!(c.prefix(), "dlock");
+        assert!(c.credentials().is_none());
+        assert_eq!(EtcdConfig::from_url("etcd://localhost").unwrap().endpoints(), ["http://localhost:2379"]);
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for url in [
+            "redis://h:1",
+            "etcd//h:1",
+            "etcd://",
+            "etcd://h:1,,h:2",
+            "etcd://h:0",
+            "etcd://h:99999",
+            "etcd://h:x",
+            "etcd://h:1/path",
+            "etcd://:pw@h:1",
+            "etcd://h:1?ca=/ca.pem",
+            "etcds://h:1?cert=/c.pem",
+            "etcd://h:1?bogus=1",
+            "etcd://h:1?op_timeout=0s",
+            "etcd://h:1?prefix=",
+            "etcd://[::1:1",
+            "etcd://a:b:1",
+        ] {
+            assert!(matches!(EtcdConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");
+        }
+    }
+
+    #[test]
+    fn errors_hide_the_password() {
+        let err = EtcdConfig::from_url("etcd://u:hunter2@h:1?bogus=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn validates_built_configs() {
+        assert!(EtcdConfig::new(["h:1"]).validate().is_ok());
+        assert!(EtcdConfig::new(Vec::<String>::new()).validate().is_err());
+        assert!(EtcdConfig::new(["h:1"]).with_prefix("").validate().is_err());
+        assert!(EtcdConfig::new(["h:1"]).with_op_timeout(Duration::ZERO).validate().is_err());
+    }
+}

@@ -1,0 +1,59 @@
+//! Opening the etcd client a backend (or a raw baseline) uses.
+
+use std::time::Duration;
+
+use dlock_core::LockError;
+use etcd_client::{Certificate, ConnectOptions, GetOptions, Identity, TlsOptions};
+
+use crate::cluster::Cluster;
+use crate::config::EtcdConfig;
+
+/// HTTP/2 pings on connections with open streams (watches): a dead connection fails its
+/// watches after about interval + timeout instead of hanging them. etcd refuses pings
+/// more often than every 5 s, and pings on idle connections.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects, authenticates if the configuration names a user, and reads one key, all
+/// within the connect timeout: an unreachable cluster is `Unavailable` now, not at the
+/// first lock.
+pub(crate) async fn open(config: &EtcdConfig) -> Result<Cluster, LockError> {
+    config.validate()?;
+    let limit = config.connect_timeout();
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(limit)
+        .with_keep_alive(PING_INTERVAL, PING_TIMEOUT)
+        .with_keep_alive_while_idle(false)
+        // A member cut off from its leader fails requests at once (and ends watches)
+        // instead of holding them until the timeout.
+        .with_require_leader(true);
+    if let Some((user, password)) = config.credentials() {
+        options = options.with_user(user.clone(), password.clone()).with_auto_token_refresh(true);
+    }
+    if config.is_tls() {
+        options = options.with_tls(tls_options(config)?);
+    }
+    let cluster = Cluster::new(config.endpoints(), options, limit);
+    let probe = format!("{}/", config.prefix()).into_bytes();
+    cluster.get("connect", limit, probe, GetOptions::new().with_keys_only().with_limit(1)).await?;
+    Ok(cluster)
+}
+
+fn tls_options(config: &EtcdConfig) -> Result<TlsOptions, LockError> {
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| LockError::InvalidInput(format!("cannot read the {what} {}: {e}", path.display())))
+    };
+    let mut tls = TlsOptions::new();
+    tls = match config.ca_file() {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read("CA file", ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let Some((cert, key)) = config.client_identity() {
+        tls = tls.identity(Identity::from_pem(read("client certificate", cert)?, read("client key", key)?));
+    }
+    if let Some(domain) = config.domain() {
+        tls = tls.domain_name(domain);
+    }
+    Ok(tls)
+}

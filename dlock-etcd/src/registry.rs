@@ -1,0 +1,222 @@
+//! What a client knows about the lock keys it holds: for re-entrant acquires, for the
+//! guarded-transaction helper, and to tell holds their lease is gone.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use dlock_core::{LostSignal, OwnerId};
+
+use crate::session::Session;
+
+/// One lock key this client holds, shared by every re-entrant hold of it.
+#[derive(Debug)]
+pub(crate) struct KeyState {
+    pub(crate) dir: Vec<u8>,
+    pub(crate) key: Vec<u8>,
+    /// The key's create revision: the fencing token.
+    pub(crate) token: i64,
+    pub(crate) owner: OwnerId,
+    /// The lease the key is on now (a renewal asking for a longer ttl moves it).
+    session: Mutex<Arc<Session>>,
+    /// The hold count as this client last saw it on the server.
+    count: AtomicU32,
+    /// The key is known to be deleted.
+    gone: AtomicBool,
+}
+
+impl KeyState {
+    pub(crate) fn new(dir: Vec<u8>, key: Vec<u8>, token: i64, owner: OwnerId, session: Arc<Session>) -> Arc<Self> {
+        Arc::new(KeyState {
+            dir,
+            key,
+            token,
+            owner,
+            session: Mutex::new(session),
+            count: AtomicU32::new(1),
+            gone: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn session(&self) -> Arc<Session> {
+        self.session.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn set_session(&self, session: Arc<Session>) {
+        *self.session.lock().unwrap_or_else(|p| p.into_inner()) = session;
+    }
+
+    pub(crate) fn count(&self) -> u32 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_count(&self, count: u32) {
+        self.count.store(count, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_gone(&self) {
+        self.gone.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A granted hold of the etcd backend: one acquire of a lock key (re-entrant acquires
+/// share the key, each with its own hold).
+#[derive(Debug, Clone)]
+pub struct EtcdHold {
+    pub(crate) inner: Arc<HoldInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct HoldInner {
+    pub(crate) key: Arc<KeyState>,
+    /// Set by whoever gives this hold back first (a release, a drop, the sweep of a lost
+    /// hold), so that it is given back once.
+    released: AtomicBool,
+}
+
+impl EtcdHold {
+    pub(crate) fn new(key: Arc<KeyState>) -> Self {
+        EtcdHold { inner: Arc::new(HoldInner { key, released: AtomicBool::new(false) }) }
+    }
+
+    pub(crate) fn key(&self) -> &Arc<KeyState> {
+        &self.inner.key
+    }
+
+    /// Marks the hold given back; false if it already was.
+    pub(crate) fn take_release(&self) -> bool {
+        !self.inner.released.swap(true, Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.inner.released.load(Ordering::SeqCst)
+    }
+
+    /// The lock key in etcd.
+    pub fn lock_key(&self) -> &[u8] {
+        &self.inner.key.key
+    }
+
+    /// The fencing token (the key's create revision).
+    pub fn token(&self) -> i64 {
+        self.inner.key.token
+    }
+}
+
+/// The keys and holds of one client.
+#[derive(Default)]
+pub(crate) struct Registry {
+    keys: Mutex<Tracked<Vec<u8>, Weak<KeyState>>>,
+    holds: Mutex<Vec<(Weak<HoldInner>, LostSignal)>>,
+    holds_at_last_prune: Mutex<usize>,
+}
+
+/// A map of weak entries that prunes the dead ones on the way, amortised over inserts.
+struct Tracked<K, V> {
+    map: HashMap<K, Vec<V>>,
+    inserts: usize,
+}
+
+impl<K, V> Default for Tracked<K, V> {
+    fn default() -> Self {
+        Tracked { map: HashMap::new(), inserts: 0 }
+    }
+}
+
+impl Registry {
+    fn keys(&self) -> MutexGuard<'_, Tracked<Vec<u8>, Weak<KeyState>>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn holds(&self) -> MutexGuard<'_, Vec<(Weak<HoldInner>, LostSignal)>> {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn insert_key(&self, key: &Arc<KeyState>) {
+        let mut keys = self.keys();
+        keys.inserts += 1;
+        if keys.inserts >= keys.map.len().max(64) {
+            keys.inserts = 0;
+            keys.map.retain(|_, entries| {
+                entries.retain(|w| w.strong_count() > 0);
+                !entries.is_empty()
+            });
+        }
+        let entries = keys.map.entry(key.dir.clone()).or_default();
+        entries.retain(|w| w.strong_count() > 0);
+        entries.push(Arc::downgrade(key));
+    }
+
+    fn find(&self, dir: &[u8], with_gone: bool, matches: impl Fn(&KeyState) -> bool) -> Option<Arc<KeyState>> {
+        // Upgraded entries are returned or dropped after the guard: a last reference
+        // dropped under it must not run code that takes it again.
+        let candidates: Vec<Arc<KeyState>> = {
+            let keys = self.keys();
+            keys.map.get(dir).map(|entries| entries.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default()
+        };
+        candidates.into_iter().find(|k| (with_gone || !k.is_gone()) && matches(k))
+    }
+
+    /// A key of this lock that this client holds for `owner`.
+    pub(crate) fn find_owned(&self, dir: &[u8], owner: &OwnerId) -> Option<Arc<KeyState>> {
+        self.find(dir, false, |k| &k.owner == owner)
+    }
+
+    /// The key of this lock that this client was granted with `token`, even if it is
+    /// gone since.
+    pub(crate) fn find_token_any(&self, dir: &[u8], token: i64) -> Option<Arc<KeyState>> {
+        self.find(dir, true, |k| k.token == token)
+    }
+
+    /// Remembers a granted hold and its lost signal.
+    pub(crate) fn watch(&self, hold: &EtcdHold, signal: LostSignal) {
+        let mut holds = self.holds();
+        let mut last = self.holds_at_last_prune.lock().unwrap_or_else(|p| p.into_inner());
+        if holds.len() >= (*last * 2).max(64) {
+            holds.retain(|(h, s)| h.strong_count() > 0 && !s.is_closed());
+            *last = holds.len();
+        }
+        holds.push((Arc::downgrade(&hold.inner), signal));
+    }
+
+    /// The lost signals of the holds whose key is on this lease.
+    pub(crate) fn signals_on_lease(&self, lease: i64) -> Vec<LostSignal> {
+        let entries: Vec<(Arc<HoldInner>, LostSignal)> =
+            self.holds().iter().filter_map(|(h, s)| h.upgrade().map(|h| (h, s.clone()))).collect();
+        entries.into_iter().filter(|(h, _)| h.key.session().id() == lease).map(|(_, s)| s).collect()
+    }
+
+    /// Holds whose lease the client counts as lost while they were not given back (a
+    /// lease kept past `max_hold`, a renewal that failed until validity ended): their keys
+    /// must go, or other holds renewing the same session would keep them alive. Forgets
+    /// holds that are gone.
+    pub(crate) fn lost_unreleased(&self) -> Vec<EtcdHold> {
+        let mut found = Vec::new();
+        let mut drop_later = Vec::new();
+        {
+            let mut holds = self.holds();
+            holds.retain(|(h, s)| match h.upgrade() {
+                None => false,
+                Some(inner) => {
+                    let hold = EtcdHold { inner };
+                    if hold.is_released() {
+                        drop_later.push(hold);
+                        false
+                    } else if s.is_closed() {
+                        found.push(hold);
+                        false
+                    } else {
+                        drop_later.push(hold);
+                        true
+                    }
+                }
+            });
+        }
+        drop(drop_later);
+        found
+    }
+}
