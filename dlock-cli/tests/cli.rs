@@ -274,3 +274,24 @@ mod mariadb {
         lost_lease_stops_the_command(&server.url(), dir.path());
     }
 }
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    use super::*;
+    use conformance::supervisor::etcd::{EtcdConfig, EtcdServer};
+
+    #[test]
+    fn processes_exclude_each_other() {
+        let server = EtcdServer::start(&EtcdConfig::default()).expect("start etcd");
+        counts_exactly(&server.url(), tempfile::tempdir().unwrap().path());
+    }
+
+    #[test]
+    fn exit_codes() {
+        let server = EtcdServer::start(&EtcdConfig::default()).expect("start etcd");
+        let dir = tempfile::tempdir().unwrap();
+        passes_exit_code(&server.url());
+        tempfail_when_held(&server.url(), dir.path());
+        lost_lease_stops_the_command(&server.url(), dir.path());
+    }
+}

@@ -102,6 +102,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>, LockError> {
         Scheme::Redis => Ok(Arc::new(dlock_redis::connect(dlock_redis::RedisConfig::from_url(url)?).await?)),
         #[cfg(feature = "zk")]
         Scheme::ZooKeeper => Ok(Arc::new(dlock_zk::connect(dlock_zk::ZkConfig::from_url(url)?).await?)),
+        #[cfg(feature = "etcd")]
+        Scheme::Etcd => Ok(Arc::new(dlock_etcd::connect(dlock_etcd::EtcdConfig::from_url(url)?).await?)),
         #[allow(unreachable_patterns)]
         other => Err(other.not_built()),
     }
@@ -123,6 +125,8 @@ pub async fn raw_baseline(url: &str) -> Result<Box<dyn RawBaseline>, LockError> 
         Scheme::Redis => Ok(Box::new(dlock_redis::raw_baseline(dlock_redis::RedisConfig::from_url(url)?).await?)),
         #[cfg(feature = "zk")]
         Scheme::ZooKeeper => Ok(Box::new(dlock_zk::raw_baseline(dlock_zk::ZkConfig::from_url(url)?).await?)),
+        #[cfg(feature = "etcd")]
+        Scheme::Etcd => Ok(Box::new(dlock_etcd::raw_baseline(dlock_etcd::EtcdConfig::from_url(url)?).await?)),
         #[allow(unreachable_patterns)]
         other => Err(other.not_built()),
     }
@@ -163,11 +167,11 @@ mod tests {
         }
     }
 
-    #[cfg(not(feature = "etcd"))]
+    #[cfg(not(feature = "redlock"))]
     #[tokio::test]
     async fn a_backend_not_built_in_names_its_feature() {
-        match connect("etcd://127.0.0.1:2379").await {
-            Err(LockError::Unsupported(why)) => assert!(why.contains("`etcd` feature"), "{why}"),
+        match connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3").await {
+            Err(LockError::Unsupported(why)) => assert!(why.contains("`redlock` feature"), "{why}"),
             other => panic!("{:?}", other.err()),
         }
     }

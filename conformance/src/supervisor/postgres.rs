@@ -142,6 +142,8 @@ impl PostgresServer {
                 ("unix_socket_directories", dir.path().display().to_string()),
                 ("max_connections", max_connections.to_string()),
                 ("shared_buffers", "16MB".into()),
+                // Segments in the data directory: a killed server leaves nothing in /dev/shm.
+                ("dynamic_shared_memory_type", "mmap".into()),
                 ("fsync", "off".into()),
                 ("full_page_writes", "off".into()),
                 ("logging_collector", "off".into()),
