@@ -39,6 +39,7 @@ mod options;
 mod renewal;
 mod stats;
 mod token;
+mod url;
 
 pub use backend::{Attempt, Backend, Release, Renewal, Request};
 pub use baseline::RawBaseline;
@@ -50,3 +51,4 @@ pub use locker::{with_lock, Capabilities, ClientStats, Holder, LockInfo, Locker,
 pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN};
 pub use options::{drift, Backoff, LeaseMode, LockOptions, DEFAULT_TTL, MAX_DURATION, MIN_TTL};
 pub use token::FencingToken;
+pub use url::{redact, BackendUrl, HostPort};

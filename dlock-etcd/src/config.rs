@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_core::{percent_decode, ConnectOptions, LockError};
+use dlock_core::{BackendUrl, ConnectOptions, LockError};
 
 /// The port etcd clients use when a URL names none.
 const DEFAULT_PORT: u16 = 2379;
@@ -83,43 +83,29 @@ impl EtcdConfig {
 
     /// Parses `etcd://` and `etcds://` URLs (see the type's docs).
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let bad = |why: &str| LockError::InvalidInput(format!("bad etcd URL {:?}: {why}", redact(url)));
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("expected etcd:// or etcds://"))?;
-        let tls = match scheme {
+        let url = BackendUrl::parse(url, DEFAULT_PORT)?;
+        let bad = |why: &str| url.invalid(why);
+        let tls = match url.scheme.as_str() {
             "etcd" => false,
             "etcds" => true,
             _ => return Err(bad("expected etcd:// or etcds://")),
         };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        if !path.is_empty() {
+        if url.path != "/" && !url.path.is_empty() {
             return Err(bad("the URL takes no path (use ?prefix= for the key prefix)"));
         }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
+        let user = match (&url.user, &url.password) {
+            (None, None) => None,
+            (Some(user), password) => Some((user.clone(), password.clone().unwrap_or_default())),
+            (None, Some(_)) => return Err(bad("empty user name")),
         };
-        let user = match userinfo {
-            Some(userinfo) => {
-                let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-                let user = percent_decode(user)?;
-                if user.is_empty() {
-                    return Err(bad("empty user name"));
-                }
-                Some((user, percent_decode(password)?))
-            }
-            None => None,
-        };
-        let hosts = hosts.split(',').map(|host| parse_host(host).map_err(|why| bad(&why))).collect::<Result<_, _>>()?;
-
-        let (common, rest) = ConnectOptions::from_query(query)?;
         let mut config = EtcdConfig::new(Vec::<String>::new());
-        config.hosts = hosts;
+        config.hosts = url.hosts.iter().map(ToString::to_string).collect();
         config.user = user;
         config.tls = tls;
-        config.connect_timeout = common.connect_timeout;
-        config.op_timeout = common.op_timeout;
-        config.prefix = common.prefix;
+        config.connect_timeout = url.options.connect_timeout;
+        config.op_timeout = url.options.op_timeout;
+        config.prefix = url.options.prefix.clone();
+        let rest = url.extra.clone();
         let mut cert = None;
         let mut key = None;
         for (name, value) in rest {
@@ -251,7 +237,8 @@ impl EtcdConfig {
             return Err(LockError::InvalidInput("an etcd configuration needs at least one endpoint".into()));
         }
         for host in &self.hosts {
-            parse_host(host).map_err(|why| LockError::InvalidInput(format!("bad etcd endpoint {host:?}: {why}")))?;
+            BackendUrl::parse(&format!("etcd://{host}"), DEFAULT_PORT)
+                .map_err(|_| LockError::InvalidInput(format!("bad etcd endpoint {host:?}")))?;
         }
         if self.prefix.is_empty() || self.prefix.contains('\0') {
             return Err(LockError::InvalidInput("the key prefix must be non-empty text without NUL".into()));
@@ -262,51 +249,6 @@ impl EtcdConfig {
             }
         }
         Ok(())
-    }
-}
-
-/// Accepts `host`, `host:port` and `[v6]:port`; returns `host:port`.
-fn parse_host(host: &str) -> Result<String, String> {
-    if host.is_empty() {
-        return Err("empty host".into());
-    }
-    if host.contains(['/', '@', '?', '#', ' ']) {
-        return Err(format!("bad host {host:?}"));
-    }
-    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
-        let (addr, after) = v6.split_once(']').ok_or_else(|| format!("bad host {host:?}"))?;
-        let port = match after.strip_prefix(':') {
-            Some(port) => Some(port),
-            None if after.is_empty() => None,
-            None => return Err(format!("bad host {host:?}")),
-        };
-        (format!("[{addr}]"), port)
-    } else {
-        match host.rsplit_once(':') {
-            Some((name, port)) => (name.to_string(), Some(port)),
-            None => (host.to_string(), None),
-        }
-    };
-    if name.is_empty() || name.contains(':') && !name.starts_with('[') {
-        return Err(format!("bad host {host:?}"));
-    }
-    let port = match port {
-        Some(port) => port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("bad port in {host:?}"))?,
-        None => DEFAULT_PORT,
-    };
-    Ok(format!("{name}:{port}"))
-}
-
-/// The URL without its password, for error messages.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, _)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            format!("{scheme}://{user}:***@{}", &rest[userinfo.len() + 1..])
-        }
-        None => url.to_string(),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{percent_decode, ConnectOptions, LockError, LockName};
+use dlock_core::{BackendUrl, ConnectOptions, HostPort, LockError, LockName};
 
 /// The client port of a ZooKeeper server when the URL names none.
 pub const DEFAULT_PORT: u16 = 2181;
@@ -16,30 +16,7 @@ pub const DEFAULT_ROOT: &str = "/dlock";
 pub const SCHEME: &str = "zk";
 
 /// One `host:port` of the ensemble.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Host {
-    /// A host name or IP address (IPv6 without brackets).
-    pub host: String,
-    /// The client port.
-    pub port: u16,
-}
-
-impl Host {
-    /// The server at `host:port`.
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
-        Host { host: host.into(), port }
-    }
-}
-
-impl fmt::Display for Host {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
+pub type Host = HostPort;
 
 /// The settings of a ZooKeeper lock client.
 ///
@@ -103,41 +80,32 @@ impl ZkConfig {
     /// Parses a `zk://` URL (see the type's documentation). Fails with `InvalidInput` on
     /// a malformed URL or an unknown option.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let bad = |why: &str| LockError::InvalidInput(format!("{why} in ZooKeeper URL {:?}", redact(url)));
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
-        if !scheme.eq_ignore_ascii_case(SCHEME) {
-            return Err(bad("the scheme is not zk"));
+        let url = BackendUrl::parse(url, DEFAULT_PORT)?;
+        if url.scheme != SCHEME {
+            return Err(url.invalid("the scheme is not zk"));
         }
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (userinfo, rest) = match rest.rsplit_once('@') {
-            Some((userinfo, rest)) => (Some(userinfo), rest),
-            None => (None, rest),
-        };
-        let (hosts, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-
-        let (options, unknown) = ConnectOptions::from_query(query)?;
-        if let Some((key, _)) = unknown.first() {
-            return Err(bad(&format!("unknown option {key:?} (known: connect_timeout, op_timeout, prefix)")));
+        if let Some((key, _)) = url.extra.first() {
+            return Err(url.invalid(format!("unknown option {key:?} (known: connect_timeout, op_timeout, prefix)")));
         }
-        let explicit_prefix = query.split('&').any(|pair| pair.split('=').next() == Some("prefix"));
-        let path = percent_decode(path)?;
-        let root = match (path.trim_end_matches('/').is_empty(), explicit_prefix) {
-            (false, true) => return Err(bad("both a path and the prefix option name the root")),
-            (false, false) => path.trim_end_matches('/').to_string(),
-            (true, true) => format!("/{}", options.prefix.trim_matches('/')),
+        let path = url.path.trim_end_matches('/');
+        let root = match (path.is_empty(), url.prefix_given) {
+            (false, true) => return Err(url.invalid("both a path and the prefix option name the root")),
+            (false, false) => path.to_string(),
+            (true, true) => format!("/{}", url.options.prefix.trim_matches('/')),
             (true, false) => DEFAULT_ROOT.to_string(),
         };
-
-        let mut config = ZkConfig::new(&percent_decode(hosts)?)?
-            .with_root(&root)?
-            .with_connect_timeout(options.connect_timeout)
-            .with_op_timeout(options.op_timeout);
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').ok_or_else(|| bad("credentials without a password"))?;
-            config = config.with_digest(&percent_decode(user)?, &percent_decode(password)?)?;
+        let mut config = ZkConfig {
+            hosts: url.hosts.clone(),
+            root: DEFAULT_ROOT.to_string(),
+            digest: None,
+            connect_timeout: url.options.connect_timeout,
+            op_timeout: url.options.op_timeout,
+        }
+        .with_root(&root)?;
+        match (&url.user, &url.password) {
+            (None, None) => {}
+            (Some(user), Some(password)) => config = config.with_digest(user, password)?,
+            _ => return Err(url.invalid("credentials need both a user and a password")),
         }
         Ok(config)
     }
@@ -234,38 +202,7 @@ impl ZkConfig {
 }
 
 fn parse_hosts(hosts: &str) -> Result<Vec<Host>, LockError> {
-    let bad = |why: String| LockError::InvalidInput(format!("ZooKeeper hosts {hosts:?}: {why}"));
-    let mut out = Vec::new();
-    for item in hosts.split(',') {
-        let item = item.trim();
-        if item.is_empty() {
-            return Err(bad("an empty host".into()));
-        }
-        let (host, port) = if let Some(rest) = item.strip_prefix('[') {
-            let (host, after) = rest.split_once(']').ok_or_else(|| bad(format!("unclosed '[' in {item:?}")))?;
-            match after.strip_prefix(':') {
-                Some(port) => (host, Some(port)),
-                None if after.is_empty() => (host, None),
-                None => return Err(bad(format!("junk after ']' in {item:?}"))),
-            }
-        } else {
-            match item.rsplit_once(':') {
-                Some((host, port)) => (host, Some(port)),
-                None => (item, None),
-            }
-        };
-        if host.is_empty() || host.contains(['/', '@', '?', '\0']) {
-            return Err(bad(format!("bad host {host:?}")));
-        }
-        let port = match port {
-            Some(port) => {
-                port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| bad(format!("bad port {port:?}")))?
-            }
-            None => DEFAULT_PORT,
-        };
-        out.push(Host::new(host, port));
-    }
-    Ok(out)
+    Ok(BackendUrl::parse(&format!("{SCHEME}://{hosts}"), DEFAULT_PORT)?.hosts)
 }
 
 fn validate_root(root: &str) -> Result<(), LockError> {
@@ -289,20 +226,6 @@ fn validate_root(root: &str) -> Result<(), LockError> {
         return Err(bad("/zookeeper is reserved by the server"));
     }
     Ok(())
-}
-
-/// The URL with any password replaced, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(start), Some(at)) if at > start => {
-            let userinfo = &url[start + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:<redacted>{}", &url[..start + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
 }
 
 #[cfg(test)]

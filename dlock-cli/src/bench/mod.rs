@@ -70,7 +70,7 @@ pub async fn bench(urls: Vec<String>, args: BenchArgs) -> Result<ExitCode, Failu
     for url in &urls {
         let locker = dlock::connect(url).await?;
         let raw: Arc<dyn dlock::RawBaseline> = Arc::from(dlock::raw_baseline(url).await?);
-        let backend = format!("{} ({})", locker.backend_name(), report::redact(url));
+        let backend = format!("{} ({})", locker.backend_name(), dlock::redact(url));
         let bench = scenarios::Bench { url: url.clone(), backend, locker, raw, args: &args };
         for scenario in &scenarios {
             rows.extend(bench.run(*scenario).await?);

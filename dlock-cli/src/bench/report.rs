@@ -28,18 +28,6 @@ pub struct Row {
     pub note: String,
 }
 
-/// `user:secret@` becomes `user:***@`.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    match rest.split_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}")
-        }
-        _ => url.to_string(),
-    }
-}
-
 fn number(value: f64) -> String {
     if value >= 100.0 {
         format!("{value:.0}")
@@ -122,16 +110,4 @@ fn svg(rows: &[Row]) -> String {
 
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_passwords_only() {
-        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(redact("sqlite::memory:"), "sqlite::memory:");
-    }
 }
