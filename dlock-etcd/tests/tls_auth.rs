@@ -6,47 +6,20 @@ use std::time::{Duration, Instant};
 
 use conformance::properties::unique_name;
 use conformance::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer, EtcdTls};
+use conformance::supervisor::tls::TestPki;
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_etcd::EtcdConfig;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-};
-use tempfile::TempDir;
 
 /// A CA, a server certificate for 127.0.0.1, and a client certificate for `root`.
-struct Pki {
-    dir: TempDir,
-}
+struct Pki(TestPki);
 
 impl Pki {
     fn new() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let ca_key = KeyPair::generate().expect("key");
-        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        ca.distinguished_name.push(DnType::CommonName, "dlock test CA");
-        let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
-        let issuer = Issuer::new(ca, ca_key);
-        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).expect("write PEM");
-        write("ca.pem", ca_cert.pem());
-
-        let leaf = |names: Vec<String>, cn: &str, usage: ExtendedKeyUsagePurpose, file: &str| {
-            let key = KeyPair::generate().expect("key");
-            let mut params = CertificateParams::new(names).expect("params");
-            params.distinguished_name.push(DnType::CommonName, cn);
-            params.extended_key_usages = vec![usage];
-            let cert = params.signed_by(&key, &issuer).expect("certificate");
-            write(&format!("{file}.pem"), cert.pem());
-            write(&format!("{file}-key.pem"), key.serialize_pem());
-        };
-        leaf(vec!["127.0.0.1".into(), "localhost".into()], "etcd", ExtendedKeyUsagePurpose::ServerAuth, "server");
-        leaf(Vec::new(), "root", ExtendedKeyUsagePurpose::ClientAuth, "client");
-        Pki { dir }
+        Pki(TestPki::new("root").expect("test certificates"))
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.0.path(name)
     }
 
     fn server_tls(&self, client_ca: bool) -> EtcdTls {

@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod mariadb;
 pub mod postgres;
 pub mod redis;
+pub mod tls;
 pub mod zookeeper;
 
 use std::fs::File;
