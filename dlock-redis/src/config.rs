@@ -186,18 +186,10 @@ impl RedisConfig {
             "rediss+sentinel" => (true, Kind::Sentinel),
             _ => return Err(bad(&format!("unknown scheme (use one of {})", SCHEMES.join(", ")))),
         };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
         let default_port = if kind == Kind::Sentinel { DEFAULT_SENTINEL_PORT } else { DEFAULT_PORT };
-        let nodes = hosts
-            .split(',')
-            .map(|h| parse_node(h, default_port).map_err(|why| bad(&why)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let UrlParts { username, password, nodes, segments, query } =
+            UrlParts::parse(rest, default_port).map_err(|why| bad(&why))?;
+        let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
         let (master, db) = match kind {
             Kind::Sentinel => match segments.as_slice() {
                 [master] => (Some(percent_decode(master)?), None),
@@ -224,16 +216,10 @@ impl RedisConfig {
         if let Some(db) = db {
             config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?;
         }
-        if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((user, password)) => (user, Some(password)),
-                None => (userinfo, None),
-            };
-            config.username = Some(percent_decode(user)?).filter(|u| !u.is_empty());
-            config.password = password.map(percent_decode).transpose()?;
-        }
+        config.username = username;
+        config.password = password;
 
-        let (common, rest) = ConnectOptions::from_query(query)?;
+        let (common, rest) = ConnectOptions::from_query(&query)?;
         config.connect_timeout = common.connect_timeout;
         config.op_timeout = common.op_timeout;
         config.prefix = common.prefix;
@@ -438,6 +424,46 @@ enum Kind {
     Sentinel,
 }
 
+/// The parts of a Redis URL after `scheme://`, shared by every URL form of this crate:
+/// `[user[:password]@]host[:port],host[:port],...[/segment/...][?query]`.
+pub(crate) struct UrlParts {
+    /// The percent-decoded user name (`None` when absent or empty).
+    pub username: Option<String>,
+    /// The percent-decoded password.
+    pub password: Option<String>,
+    /// The hosts, in order.
+    pub nodes: Vec<Node>,
+    /// The non-empty path segments, as written (not decoded).
+    pub segments: Vec<String>,
+    /// The query string without `?`, as written.
+    pub query: String,
+}
+
+impl UrlParts {
+    /// Splits what follows `scheme://`; a host without a port gets `default_port`.
+    pub fn parse(rest: &str, default_port: u16) -> Result<Self, String> {
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let nodes = hosts.split(',').map(|h| parse_node(h, default_port)).collect::<Result<Vec<_>, _>>()?;
+        let (mut username, mut password) = (None, None);
+        if let Some(userinfo) = userinfo {
+            let (user, pass) = match userinfo.split_once(':') {
+                Some((user, pass)) => (user, Some(pass)),
+                None => (userinfo, None),
+            };
+            let decode = |text: &str| percent_decode(text).map_err(|e| e.to_string());
+            username = Some(decode(user)?).filter(|u| !u.is_empty());
+            password = pass.map(decode).transpose()?;
+        }
+        let segments = path.split('/').filter(|s| !s.is_empty()).map(str::to_string).collect();
+        Ok(UrlParts { username, password, nodes, segments, query: query.to_string() })
+    }
+}
+
 fn parse_node(text: &str, default_port: u16) -> Result<Node, String> {
     let text = text.trim();
     let (host, port) = if let Some(rest) = text.strip_prefix('[') {
@@ -460,7 +486,7 @@ fn parse_node(text: &str, default_port: u16) -> Result<Node, String> {
 }
 
 /// The URL without its password, for error messages.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     match rest[..authority_end].rsplit_once('@') {

@@ -114,16 +114,7 @@ pub struct Connected {
 /// `Unavailable` when no server answers in time.
 pub async fn connect(config: &RedisConfig) -> Result<Connected, LockError> {
     config.validate()?;
-    if config.tls() {
-        // rustls needs a process-wide crypto provider; an error means one is installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-    let ca = match config.tls_ca() {
-        Some(path) => Some(std::fs::read(path).map_err(|err| {
-            LockError::InvalidInput(format!("cannot read the TLS CA file {}: {err}", path.display()))
-        })?),
-        None => None,
-    };
+    let ca = prepare_tls(config)?;
     let timeout = config.connect_timeout();
     let attempt = async {
         let connected = open(config, ca.as_deref()).await?;
@@ -140,6 +131,35 @@ pub async fn connect(config: &RedisConfig) -> Result<Connected, LockError> {
         Err(_) => {
             Err(LockError::Unavailable(format!("cannot connect to Redis ({}) within {timeout:?}", describe(config))))
         }
+    }
+}
+
+/// A connection to one server (`config` names a single server) that connects on its
+/// first command instead of now, and reconnects as [`connect`]'s does. Nothing is sent
+/// until then; the scripts are loaded on their first `NOSCRIPT`.
+pub fn connect_lazily(config: &RedisConfig) -> Result<Connected, LockError> {
+    config.validate()?;
+    let Topology::Single(node) = config.topology() else {
+        return Err(LockError::InvalidInput("a lazy connection is to one server".into()));
+    };
+    let ca = prepare_tls(config)?;
+    let client = client(node_info(node, config), ca.as_deref()).map_err(to_lock_error)?;
+    let manager =
+        ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config)).map_err(to_lock_error)?;
+    Ok(Connected { commands: RedisConnection::Single(manager), nodes: NodeSource::Single(Box::new(client)) })
+}
+
+/// Installs the TLS crypto provider when TLS is used, and reads the CA file if one is set.
+fn prepare_tls(config: &RedisConfig) -> Result<Option<Vec<u8>>, LockError> {
+    if config.tls() {
+        // rustls needs a process-wide crypto provider; an error means one is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    match config.tls_ca() {
+        Some(path) => Ok(Some(std::fs::read(path).map_err(|err| {
+            LockError::InvalidInput(format!("cannot read the TLS CA file {}: {err}", path.display()))
+        })?)),
+        None => Ok(None),
     }
 }
 

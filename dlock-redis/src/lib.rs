@@ -1,4 +1,5 @@
-//! Redis backend for dlock: one server, a Redis Cluster, or the master a Sentinel names.
+//! Redis backend for dlock: one server, a Redis Cluster, the master a Sentinel names, or
+//! RedLock over several independent masters ([`redlock`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -22,13 +23,15 @@
 //! | `redis://[user[:password]@]host[:port][/db]` | one server (`rediss://` for TLS) |
 //! | `redis+cluster://[user[:password]@]host:port,host:port,...` | a Redis Cluster, through its seed nodes |
 //! | `redis+sentinel://[user[:password]@]host:port,.../master[/db]` | the master of a Sentinel group |
+//! | `redlock://[user[:password]@]host:port,host:port,...[/db]` | RedLock over N independent masters (see [`redlock`]) |
 //!
 //! Query options: `connect_timeout`, `op_timeout`, `prefix` (default `dlock`; no braces),
 //! `wait_replicas` and `wait_timeout` (see below), `tls_ca` (a PEM file of CAs to trust
 //! instead of the system's), `sentinel_username` and `sentinel_password`. Every option
 //! has a builder method on [`RedisConfig`]. A client keeps one multiplexed command
 //! connection, which reconnects on its own, and opens one pub/sub connection the first
-//! time one of its acquires has to wait.
+//! time one of its acquires has to wait. RedLock URLs have options of their own (see
+//! [`RedLockConfig::from_url`]) and connect with [`redlock::connect`].
 //!
 //! # How a lock lives in Redis
 //!
@@ -108,6 +111,7 @@ mod connection;
 mod error;
 pub mod keys;
 mod pubsub;
+pub mod redlock;
 pub mod scripts;
 
 use dlock_core::{Client, ClientConfig, LockError};
@@ -117,6 +121,7 @@ pub use baseline::RedisBaseline;
 pub use config::{Node, RedisConfig, ReplicaAck, Topology, SCHEMES};
 pub use connection::{NodeSource, RedisConnection};
 pub use keys::{KeyLayout, LockKeys};
+pub use redlock::{RedLockConfig, RedLockLocker};
 
 /// A lock client over Redis.
 pub type RedisLocker = Client<RedisBackend>;

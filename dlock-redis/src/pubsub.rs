@@ -57,6 +57,22 @@ enum Request {
     Unsubscribe { channel: String },
 }
 
+/// Completes when the subscription of a [`Registration`] is in place (see
+/// [`Subscriptions::register`]).
+#[derive(Debug)]
+pub struct Confirmation {
+    pending: Option<oneshot::Receiver<()>>,
+}
+
+impl Confirmation {
+    /// Waits for the server's confirmation, or for the news that the connection is down.
+    pub async fn confirmed(self) {
+        if let Some(pending) = self.pending {
+            let _ = pending.await;
+        }
+    }
+}
+
 /// A waiter's registration for one channel: woken on each message, and whenever the
 /// connection was re-established. Dropping it unregisters (and unsubscribes the last).
 pub struct Registration {
@@ -128,7 +144,18 @@ impl Subscriptions {
     /// the registration: the server confirmed the subscription, or the connection is down
     /// (and the registration will be woken when it is back).
     pub async fn subscribe(&self, channel: &str) -> Registration {
-        let notify = Arc::new(Notify::new());
+        let (registration, confirmation) = self.register(channel, Arc::new(Notify::new()));
+        confirmation.confirmed().await;
+        registration
+    }
+
+    /// Registers for `channel` at once, waking `notify` on each message (several
+    /// registrations may share one `Notify`, so that a waiter subscribed on several servers
+    /// wakes once). The [`Confirmation`] completes when a message published from then on
+    /// will wake it, as for [`subscribe`](Self::subscribe); a waiter that stops waiting
+    /// for it earlier is woken when the confirmation comes after all, since a message may
+    /// have gone unseen until then.
+    pub fn register(&self, channel: &str, notify: Arc<Notify>) -> (Registration, Confirmation) {
         let (id, confirmed) = {
             let mut state = self.shared.state();
             let id = state.next_id;
@@ -137,15 +164,15 @@ impl Subscriptions {
             entry.waiters.insert(id, notify.clone());
             (id, entry.confirmed)
         };
-        let registration =
-            Registration { shared: self.shared.clone(), channel: channel.to_string(), id, notify: notify.clone() };
+        let registration = Registration { shared: self.shared.clone(), channel: channel.to_string(), id, notify };
+        let mut pending = None;
         if !confirmed {
             let (done, confirmation) = oneshot::channel();
             if self.shared.requests.send(Request::Subscribe { channel: channel.to_string(), done }).is_ok() {
-                let _ = confirmation.await;
+                pending = Some(confirmation);
             }
         }
-        registration
+        (registration, Confirmation { pending })
     }
 
     /// How many channels have waiters now (for tests and metrics).
@@ -295,7 +322,7 @@ impl Task {
             match request {
                 Request::Subscribe { channel, done } => {
                     if shared.state().channels.get(&channel).is_none_or(|c| c.confirmed) {
-                        let _ = done.send(());
+                        confirm(&shared, &channel, done);
                         continue;
                     }
                     drop(shared);
@@ -305,8 +332,8 @@ impl Task {
                                 if let Some(entry) = shared.state().channels.get_mut(&channel) {
                                     entry.confirmed = true;
                                 }
+                                confirm(&shared, &channel, done);
                             }
-                            let _ = done.send(());
                         }
                         _ => {
                             let _ = done.send(());
@@ -338,5 +365,14 @@ impl Task {
             }
             None => Ended::Closed,
         }
+    }
+}
+
+/// Tells a subscriber that its subscription is in place. One that stopped waiting for
+/// the confirmation has looked at the lock without it, so a release in between may have
+/// gone unseen: wake the channel's waiters to look again.
+fn confirm(shared: &Shared, channel: &str, done: oneshot::Sender<()>) {
+    if done.send(()).is_err() {
+        shared.wake(Some(channel));
     }
 }

@@ -69,16 +69,58 @@ redis.call('publish', ARGV[3], ARGV[2])
 return 1
 "#;
 
+/// One RedLock node's part of a grant with a token proposed by the client: granted only
+/// if the hold is free here and the proposal is above this node's fence counter, which
+/// then rises to it. An owner that holds the lock here already re-enters its hold.
+///
+/// Tokens travel and are stored as decimal strings, compared by length then text, so
+/// that no value loses precision in Lua's doubles.
+///
+/// KEYS: hold, fence counter. ARGV: owner field, proposed token, ttl in ms.
+/// Returns `{status, value, fence[, holder's token]}`: `{1, token}` granted with the
+/// proposal, `{2, token}` re-entered (count + 1, the hold's own token), `{0, pttl, fence,
+/// token}` held by another owner (with that hold's token, so that the client can tell one
+/// holder with a quorum from a split vote), `{-1, fence}` the proposal is not above the
+/// counter; `fence` is the counter after the call.
+const GRANT: &str = r#"
+local function above(a, b)
+  if #a ~= #b then
+    return #a > #b
+  end
+  return a > b
+end
+local fence = redis.call('get', KEYS[2]) or '0'
+if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+  redis.call('hincrby', KEYS[1], ARGV[1], 1)
+  local ttl = tonumber(ARGV[3])
+  if redis.call('pttl', KEYS[1]) < ttl then
+    redis.call('pexpire', KEYS[1], ttl)
+  end
+  return {2, redis.call('hget', KEYS[1], 'token'), fence}
+end
+if redis.call('exists', KEYS[1]) == 1 then
+  return {0, redis.call('pttl', KEYS[1]), fence, redis.call('hget', KEYS[1], 'token') or '0'}
+end
+if not above(ARGV[2], fence) then
+  return {-1, fence, fence}
+end
+redis.call('set', KEYS[2], ARGV[2])
+redis.call('hset', KEYS[1], ARGV[1], 1, 'token', ARGV[2])
+redis.call('pexpire', KEYS[1], ARGV[3])
+return {1, ARGV[2], ARGV[2]}
+"#;
+
 /// Reads the hold in one consistent view.
 ///
-/// KEYS: hold. Returns `{}` when free, else `{owner, count, token, pttl}`.
+/// KEYS: hold. Returns `{}` when free, else `{owner, count, token, pttl}` (the token as
+/// stored, a decimal string).
 const INSPECT: &str = r#"
 local fields = redis.call('hgetall', KEYS[1])
-local owner, count, token = false, 0, 0
+local owner, count, token = false, 0, '0'
 for i = 1, #fields, 2 do
   local field = fields[i]
   if field == 'token' then
-    token = tonumber(fields[i + 1])
+    token = fields[i + 1]
   elseif string.sub(field, 1, 6) == 'owner:' then
     owner = string.sub(field, 7)
     count = tonumber(fields[i + 1])
@@ -100,6 +142,8 @@ pub struct Scripts {
     pub release: Script,
     /// See the inspect script.
     pub inspect: Script,
+    /// See the grant script (one RedLock node's part of a grant).
+    pub grant: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -107,6 +151,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew: Script::new(RENEW),
     release: Script::new(RELEASE),
     inspect: Script::new(INSPECT),
+    grant: Script::new(GRANT),
 });
 
 /// The scripts of this crate.
@@ -116,8 +161,8 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Every script, for loading them up front.
-    pub fn all(&self) -> [&Script; 4] {
-        [&self.acquire, &self.renew, &self.release, &self.inspect]
+    pub fn all(&self) -> [&Script; 5] {
+        [&self.acquire, &self.renew, &self.release, &self.inspect, &self.grant]
     }
 
     /// `SCRIPT LOAD`s every script (on every node of a Cluster), so that the first call
@@ -221,6 +266,46 @@ impl AcquireReply {
     }
 }
 
+/// What one node answered to the grant script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantReply {
+    /// Granted with the proposed token.
+    Granted(u64),
+    /// This owner held the lock here already, with this token; its count went up.
+    Reentered(u64),
+    /// Another owner holds it here.
+    Busy {
+        /// How much longer (`None`: no expiry).
+        left: Option<Duration>,
+        /// The token of that hold.
+        token: u64,
+    },
+    /// The proposal was not above this node's fence counter, which is this.
+    Stale(u64),
+}
+
+impl GrantReply {
+    /// Reads the script's `{status, value, fence}`, returning the reply and the node's
+    /// fence counter.
+    pub fn parse(reply: Value) -> RedisResult<(Self, u64)> {
+        let mut fields: Vec<Value> = redis::from_redis_value(reply)?;
+        let holder = if fields.len() == 4 { fields.pop() } else { None };
+        let (status, value, fence): (i64, Value, Value) = redis::from_redis_value(Value::Array(fields))?;
+        let fence: u64 = redis::from_redis_value(fence)?;
+        let reply = match status {
+            1 => GrantReply::Granted(redis::from_redis_value(value)?),
+            2 => GrantReply::Reentered(redis::from_redis_value(value)?),
+            0 => GrantReply::Busy {
+                left: u64::try_from(redis::from_redis_value::<i64>(value)?).ok().map(Duration::from_millis),
+                token: holder.map(redis::from_redis_value).transpose()?.unwrap_or(0),
+            },
+            -1 => GrantReply::Stale(redis::from_redis_value(value)?),
+            other => return Err(unexpected("grant", &other.to_string())),
+        };
+        Ok((reply, fence))
+    }
+}
+
 /// What the renew script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenewReply {
@@ -273,11 +358,11 @@ impl HoldView {
         if fields.is_empty() {
             return Ok(None);
         }
-        let (owner, count, token, pttl): (String, i64, i64, i64) = redis::from_redis_value(Value::Array(fields))?;
+        let (owner, count, token, pttl): (String, i64, u64, i64) = redis::from_redis_value(Value::Array(fields))?;
         Ok(Some(HoldView {
             owner,
             count: u32::try_from(count).unwrap_or(0),
-            token: u64::try_from(token).unwrap_or(0),
+            token,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
         }))
     }
@@ -302,7 +387,7 @@ mod tests {
 
     #[test]
     fn scripts_use_the_documented_field_names() {
-        for script in [ACQUIRE, RENEW, RELEASE, INSPECT] {
+        for script in [ACQUIRE, RENEW, RELEASE, INSPECT, GRANT] {
             assert!(script.contains(&format!("'{TOKEN_FIELD}'")));
         }
         assert!(INSPECT.contains(&format!("'{OWNER_FIELD_PREFIX}'")));
@@ -322,5 +407,27 @@ mod tests {
         assert_eq!(RenewReply::parse(int(-1)).unwrap(), RenewReply::Stolen);
         assert!(parse_release(int(1)).unwrap());
         assert_eq!(HoldView::parse(Value::Array(vec![])).unwrap(), None);
+        let big = u64::MAX.to_string();
+        let view = HoldView::parse(Value::Array(vec![
+            Value::BulkString(b"o".to_vec()),
+            int(2),
+            Value::BulkString(big.clone().into_bytes()),
+            int(-1),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((view.token, view.remaining), (u64::MAX, None));
+
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let grant = |status, value, fence: &str| GrantReply::parse(Value::Array(vec![int(status), value, text(fence)]));
+        assert_eq!(grant(1, text(&big), &big).unwrap(), (GrantReply::Granted(u64::MAX), u64::MAX));
+        assert_eq!(grant(2, text("7"), "9").unwrap(), (GrantReply::Reentered(7), 9));
+        let busy = |left, token: &str| {
+            GrantReply::parse(Value::Array(vec![int(0), int(left), text("9"), text(token)])).unwrap()
+        };
+        assert_eq!(busy(250, "8"), (GrantReply::Busy { left: Some(Duration::from_millis(250)), token: 8 }, 9));
+        assert_eq!(busy(-1, "8"), (GrantReply::Busy { left: None, token: 8 }, 9));
+        assert_eq!(grant(-1, text("12"), "12").unwrap(), (GrantReply::Stale(12), 12));
+        assert!(grant(3, int(1), "1").is_err());
     }
 }

@@ -1,4 +1,4 @@
-//! `rediss://`: locks over TLS, with the server's CA given by `tls_ca`.
+//! `rediss://` and `redlocks://`: locks over TLS, with the servers' CA given by `tls_ca`.
 
 mod support;
 
@@ -7,8 +7,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use conformance::supervisor::free_port;
-use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
+use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters, RedisServer};
 use dlock_core::{LockName, LockOptions, Locker};
+use dlock_redis::redlock::{self, RedLockConfig};
 use dlock_redis::RedisConfig;
 
 /// A CA and a server certificate for 127.0.0.1, made with the openssl command.
@@ -45,13 +46,10 @@ fn make_certificates(dir: &Path) {
     ]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn locks_over_tls() {
-    let certs = tempfile::tempdir().unwrap();
-    make_certificates(certs.path());
-    let tls_port = free_port().unwrap();
-    let file = |name: &str| certs.path().join(name).display().to_string();
-    let args = [
+/// The arguments of a redis-server that also listens for TLS on `tls_port`.
+fn tls_args(certs: &Path, tls_port: u16) -> Vec<String> {
+    let file = |name: &str| certs.join(name).display().to_string();
+    vec![
         "--tls-port".to_string(),
         tls_port.to_string(),
         "--tls-cert-file".into(),
@@ -62,8 +60,17 @@ async fn locks_over_tls() {
         file("ca.pem"),
         "--tls-auth-clients".into(),
         "no".into(),
-    ];
-    let _server = RedisServer::start(&ServerConfig { persistent: false, extra_args: args.to_vec() }).unwrap();
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_over_tls() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certificates(certs.path());
+    let tls_port = free_port().unwrap();
+    let file = |name: &str| certs.path().join(name).display().to_string();
+    let args = tls_args(certs.path(), tls_port);
+    let _server = RedisServer::start(&ServerConfig { persistent: false, extra_args: args }).unwrap();
 
     let url = format!("rediss://127.0.0.1:{tls_port}?tls_ca={}&connect_timeout=2s&op_timeout=2s", file("ca.pem"));
     let config = RedisConfig::from_url(&url).unwrap();
@@ -88,5 +95,32 @@ async fn locks_over_tls() {
     let untrusted = RedisConfig::from_url(&format!("rediss://127.0.0.1:{tls_port}?connect_timeout=2s")).unwrap();
     let started = Instant::now();
     assert!(dlock_redis::connect(untrusted).await.is_err(), "a server with an unknown CA was trusted");
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_tls() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certificates(certs.path());
+    let mut servers = Vec::new();
+    let mut hosts = Vec::new();
+    for _ in 0..3 {
+        let tls_port = free_port().unwrap();
+        let args = tls_args(certs.path(), tls_port);
+        servers.push(RedisMasters::start(1, &ServerConfig { persistent: false, extra_args: args }).unwrap());
+        hosts.push(format!("127.0.0.1:{tls_port}"));
+    }
+    let ca = certs.path().join("ca.pem").display().to_string();
+    let url = format!("redlocks://{}?tls_ca={ca}&connect_timeout=2s&op_timeout=2s&node_timeout=500ms", hosts.join(","));
+    let locker = redlock::connect(RedLockConfig::from_url(&url).unwrap()).await.expect("connect over TLS");
+    let name = LockName::new("redlock/over/tls").unwrap();
+    let lease = locker.acquire(&name, &LockOptions::new()).await.unwrap();
+    assert_eq!(locker.inspect(&name).await.unwrap().holder.map(|h| h.token), Some(lease.token()));
+    lease.release().await.unwrap();
+
+    // Without the test CA no node is trusted: no client.
+    let untrusted = RedLockConfig::from_url(&format!("redlocks://{}?connect_timeout=2s", hosts.join(","))).unwrap();
+    let started = Instant::now();
+    assert!(redlock::connect(untrusted).await.is_err(), "nodes with an unknown CA were trusted");
     assert!(started.elapsed() < Duration::from_secs(4));
 }

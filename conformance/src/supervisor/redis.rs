@@ -1,5 +1,5 @@
 //! redis-server instances on free loopback ports: single servers (optionally replicas
-//! of another), a small Redis Cluster, and a Sentinel.
+//! of another), independent masters for RedLock, a small Redis Cluster, and a Sentinel.
 
 use std::io;
 use std::net::SocketAddr;
@@ -58,6 +58,9 @@ impl RedisServer {
             let mut process = ServerProcess::spawn(format!("redis-server:{port}"), spec, dir.path().join("redis.log"))?;
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
             wait_for_port(addr, &mut process, Duration::from_secs(10))?;
+            // Another process may have taken the port first and be the one answering:
+            // only our own log says that this server is listening.
+            wait_until_ready(&mut process, Duration::from_secs(10))?;
             Ok(RedisServer { process, addr, _dir: dir })
         })
     }
@@ -109,6 +112,28 @@ impl RedisServer {
     /// Runs a command with redis-cli and returns its output.
     pub fn cli(&self, args: &[&str]) -> io::Result<String> {
         cli(self.addr, args)
+    }
+}
+
+/// Waits until the server logs that it accepts connections, failing if it exits first
+/// (a port another process took meanwhile) or the timeout passes.
+fn wait_until_ready(process: &mut ServerProcess, timeout: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if std::fs::read_to_string(process.log_path())?.contains("Ready to accept connections") {
+            return Ok(());
+        }
+        if let Some(status) = process.exit_status()? {
+            return Err(io::Error::other(format!(
+                "{} exited with {status}; log:\n{}",
+                process.name(),
+                process.log_tail()
+            )));
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} is not ready", process.name())));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -165,6 +190,57 @@ fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -> io::Resu
             return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what}: not within {timeout:?} {last}")));
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Independent redis-servers (no replication, no cluster), as RedLock uses them.
+#[derive(Debug)]
+pub struct RedisMasters {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisMasters {
+    /// Starts `count` servers with `config`, all at once.
+    pub fn start(count: usize, config: &RedisConfig) -> io::Result<Self> {
+        let started: Vec<io::Result<RedisServer>> = std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..count).map(|_| scope.spawn(|| RedisServer::start(config))).collect();
+            starts
+                .into_iter()
+                .map(|start| start.join().unwrap_or_else(|_| Err(io::Error::other("a server start panicked"))))
+                .collect()
+        });
+        Ok(RedisMasters { nodes: started.into_iter().collect::<io::Result<Vec<_>>>()? })
+    }
+
+    /// The servers.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// The servers, for kill and restart.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
+    /// Every server's address.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(RedisServer::addr).collect()
+    }
+
+    /// `redlock://<node>,<node>,...`.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.addrs().iter().map(SocketAddr::to_string).collect();
+        format!("redlock://{}", nodes.join(","))
+    }
+
+    /// kill -9 of server `index`.
+    pub fn kill(&mut self, index: usize) {
+        self.nodes[index].kill();
+    }
+
+    /// Starts server `index` again on its port and data, and waits until it listens.
+    pub fn start_again(&mut self, index: usize) -> io::Result<()> {
+        self.nodes[index].start_again()
     }
 }
 

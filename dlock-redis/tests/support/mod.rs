@@ -2,14 +2,17 @@
 
 #![allow(dead_code)]
 
+pub mod monitor;
+pub mod redlock;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::proxy::FaultProxy;
+use conformance::supervisor::external_url;
 use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
-use conformance::supervisor::{external_url, free_port};
 use conformance::{FaultyClient, Fixture, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_redis::{RedisConfig, Topology};
@@ -27,6 +30,9 @@ pub struct RedisFixture {
     server: Mutex<Option<RedisServer>>,
     config: RedisConfig,
     proxies: Mutex<Vec<FaultProxy>>,
+    /// The port of a "server" that accepts connections and never answers, kept so that no
+    /// server started meanwhile can take it.
+    silent: Mutex<Vec<std::net::TcpListener>>,
 }
 
 impl RedisFixture {
@@ -39,12 +45,18 @@ impl RedisFixture {
                 server: Mutex::new(None),
                 config: timeouts(config),
                 proxies: Mutex::new(Vec::new()),
+                silent: Mutex::new(Vec::new()),
             };
         }
         let server = RedisServer::start(&ServerConfig { persistent: true, ..Default::default() })
             .expect("start redis-server (scripts/install-backends installs it)");
         let config = client_config(server.addr());
-        RedisFixture { server: Mutex::new(Some(server)), config, proxies: Mutex::new(Vec::new()) }
+        RedisFixture {
+            server: Mutex::new(Some(server)),
+            config,
+            proxies: Mutex::new(Vec::new()),
+            silent: Mutex::new(Vec::new()),
+        }
     }
 
     /// The client configuration of the server.
@@ -140,7 +152,11 @@ impl Fixture for RedisFixture {
     }
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
-        let port = free_port().expect("a free port");
+        // A free port would be free only until some other test's server took it; a
+        // listener that never answers keeps it: connections hang like a frozen host's.
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("a free port");
+        let port = listener.local_addr().expect("its address").port();
+        self.silent.lock().unwrap().push(listener);
         let config = RedisConfig::single("127.0.0.1", port).with_connect_timeout(timeout).with_op_timeout(timeout);
         dlock_redis::connect(config).await.map(|locker| Arc::new(locker) as Arc<dyn Locker>)
     }

@@ -1,0 +1,505 @@
+//! The RedLock [`Backend`]: every operation is one fan-out of a script call to all the
+//! masters at once, decided by a quorum of their answers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use dlock_core::{
+    Attempt, Backend, Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId, Release, Renewal,
+    Request,
+};
+use tokio::sync::Notify;
+
+use super::config::RedLockConfig;
+use super::nodes::{fan_out, NodeLink, Nodes};
+use super::quorum::{
+    count_released, decide_grant, decide_inspect, decide_release, decide_renewal, grant_won, inspect_done, max_fence,
+    renewal_done, unreachable, Answer, GrantAnswers, GrantOutcome,
+};
+use super::token::Proposer;
+use crate::backend::{release_call, renew_call, CAPABILITIES};
+use crate::config::Node;
+use crate::keys::{owner_field, KeyLayout, LockKeys};
+use crate::pubsub::Registration;
+use crate::scripts::{parse_release, scripts, ttl_millis, GrantReply, HoldView, Invocation, RenewReply};
+
+/// The RedLock backend of one client: the masters, the key layout (the same as a single
+/// server's, on every node), and the settings that shape each operation.
+pub struct RedLockBackend {
+    nodes: Nodes,
+    layout: KeyLayout,
+    config: RedLockConfig,
+    quorum: usize,
+    node_timeout: Duration,
+    proposer: Proposer,
+}
+
+/// A granted hold: the lock's keys, the owner and the token every node checks on renewal
+/// and release.
+#[derive(Debug, Clone)]
+pub struct RedLockHold {
+    keys: LockKeys,
+    owner_field: String,
+    token: u64,
+}
+
+impl RedLockHold {
+    /// The lock's keys (the same on every node).
+    pub fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> FencingToken {
+        FencingToken::new(self.token)
+    }
+}
+
+/// A waiter's subscriptions to the lock's release channel on every node, sharing one
+/// wake-up.
+pub struct RedLockTicket {
+    notify: Arc<Notify>,
+    _registrations: Vec<Registration>,
+    /// After a split vote, the next wait is a plain random delay: the competitors' own
+    /// give-backs publish releases that would otherwise wake them all at once again.
+    quiet: bool,
+    /// Split votes so far in this acquire: each one doubles the range of the random delay.
+    splits: u32,
+}
+
+impl std::fmt::Debug for RedLockTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedLockTicket").field("quiet", &self.quiet).field("splits", &self.splits).finish()
+    }
+}
+
+/// What one look at the lock (one or two grant rounds) found.
+enum Look {
+    Won(u64),
+    Busy { split: bool, retry_after: Option<Duration> },
+}
+
+impl RedLockBackend {
+    pub(crate) fn new(nodes: Nodes, layout: KeyLayout, config: &RedLockConfig) -> Self {
+        RedLockBackend {
+            quorum: config.quorum(),
+            node_timeout: config.node_timeout(),
+            proposer: Proposer::new(config.token_source()),
+            config: config.clone(),
+            nodes,
+            layout,
+        }
+    }
+
+    /// The masters, in the configured order.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.nodes.iter().map(|link| link.node.clone()).collect()
+    }
+
+    /// How many nodes must agree.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// The key layout.
+    pub fn layout(&self) -> &KeyLayout {
+        &self.layout
+    }
+
+    /// The keys and channel of `name` (the same on every node).
+    pub fn keys(&self, name: &LockName) -> LockKeys {
+        self.layout.lock(name)
+    }
+
+    /// The command connection to node `index`, for commands of your own.
+    pub fn connection(&self, index: usize) -> Option<crate::RedisConnection> {
+        self.nodes.get(index).map(|link| link.conn.clone())
+    }
+
+    /// `PING`s every node at once, each within the node timeout: which nodes answer now
+    /// (a health check; connections to nodes that were down reconnect on the way).
+    pub async fn ping_nodes(&self) -> Vec<Result<(), LockError>> {
+        let answers = fan_out(
+            &self.nodes,
+            self.node_timeout,
+            |mut conn| async move { redis::cmd("PING").query_async::<String>(&mut conn).await },
+            |_| false,
+        )
+        .await;
+        answers
+            .into_iter()
+            .map(|answer| match answer {
+                Answer::Replied(_) => Ok(()),
+                Answer::Failed(err) => Err(crate::error::to_lock_error(err)),
+                Answer::Pending | Answer::TimedOut => {
+                    Err(LockError::Unavailable(format!("no answer within {:?}", self.node_timeout)))
+                }
+            })
+            .collect()
+    }
+
+    /// How many lock channels this client's waiters are subscribed to now, on the node
+    /// with the most.
+    pub fn subscribed_channels(&self) -> usize {
+        self.nodes.iter().map(|link| link.subscriptions.channels()).max().unwrap_or(0)
+    }
+
+    /// The bound of a renewal, release or inspect fan-out. They stop as soon as a quorum
+    /// decided, so a dead node does not slow them down, and a per-node timeout would only
+    /// fail them when a burst of renewals queues up on the connections; the bound stays
+    /// below the operation timeout, so that the answers, not the client's timeout,
+    /// explain a failure.
+    fn settle_timeout(&self) -> Duration {
+        self.config.op_timeout().saturating_sub(self.node_timeout)
+    }
+
+    fn has_time_for(&self, fan_outs: u32, deadline: Instant) -> bool {
+        Instant::now() + self.node_timeout * fan_outs <= deadline
+    }
+
+    /// A random delay after the `splits`-th split vote in a row, so that competitors do
+    /// not try again in step: up to the retry delay, doubling with each split (up to 16
+    /// times), as the contention proves heavier.
+    fn jitter(&self, splits: u32) -> Duration {
+        let range = self.config.retry_delay().saturating_mul(1 << splits.saturating_sub(1).min(4));
+        range.mul_f64(fastrand::f64())
+    }
+
+    /// Registers for the release channel on every node, then waits (up to the node
+    /// timeout) for the subscriptions to be in place. One confirmed later wakes the
+    /// waiter, which then looks again.
+    async fn subscribe(&self, channel: &str) -> RedLockTicket {
+        let notify = Arc::new(Notify::new());
+        let (registrations, confirmations): (Vec<_>, Vec<_>) =
+            self.nodes.iter().map(|link| link.subscriptions.register(channel, notify.clone())).unzip();
+        let confirmed = futures::future::join_all(confirmations.into_iter().map(|c| c.confirmed()));
+        let _ = tokio::time::timeout(self.node_timeout, confirmed).await;
+        RedLockTicket { notify, _registrations: registrations, quiet: false, splits: 0 }
+    }
+
+    /// One look at the lock: a grant round with the proposer's first proposal (after
+    /// reading the counters, if it reads first), and one more round above the highest
+    /// counter if the only obstacle was a proposal too low.
+    async fn look(&self, keys: &LockKeys, owner: &str, ttl_ms: u64, deadline: Instant) -> Result<Look, LockError> {
+        let mut proposal = match self.proposer.first(&keys.fence) {
+            Some(proposal) => proposal,
+            None => self.proposer.above(self.read_counters(keys).await?),
+        };
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let (outcome, mut answers) = self.grant_round(keys, owner, proposal, ttl_ms).await;
+            tracing::debug!(proposal, ?outcome, round = rounds, "RedLock grant round");
+            let timed_out = answers.iter().any(|a| matches!(a, Answer::TimedOut));
+            match outcome {
+                GrantOutcome::Won(token) => return Ok(Look::Won(token)),
+                // Nodes that did not answer in time (rather than refusing the connection)
+                // may have been slow once: one more round, if the operation has time.
+                GrantOutcome::Unreachable { .. } if timed_out && rounds < 2 && self.has_time_for(3, deadline) => {
+                    proposal = self.proposer.above(max_fence(&answers).unwrap_or(0).max(proposal));
+                }
+                GrantOutcome::Unreachable { got } => return Err(unreachable(&mut answers, got, self.quorum)),
+                GrantOutcome::Stale { max_fence } if rounds < 2 && self.has_time_for(2, deadline) => {
+                    proposal = self.proposer.above(max_fence);
+                }
+                GrantOutcome::Stale { .. } => return Ok(Look::Busy { split: true, retry_after: None }),
+                GrantOutcome::Busy { split, retry_after } => return Ok(Look::Busy { split, retry_after }),
+            }
+        }
+    }
+
+    /// Phase one of the plain two-phase scheme: the highest fence counter a quorum reports.
+    async fn read_counters(&self, keys: &LockKeys) -> Result<u64, LockError> {
+        let mut answers = fan_out(
+            &self.nodes,
+            self.node_timeout,
+            |mut conn| {
+                let get = redis::cmd("GET").arg(&keys.fence).clone();
+                async move { get.query_async::<Option<u64>>(&mut conn).await }
+            },
+            |_| false,
+        )
+        .await;
+        let read = answers.iter().filter(|a| a.replied().is_some()).count();
+        if read < self.quorum {
+            return Err(unreachable(&mut answers, read, self.quorum));
+        }
+        Ok(answers.iter().filter_map(Answer::replied).map(|fence| fence.unwrap_or(0)).max().unwrap_or(0))
+    }
+
+    /// Sends the grant script with `proposal` to every node and decides. A round that is
+    /// not won gives back, before returning, whatever it may have taken: its grants and
+    /// re-entries on the nodes that answered, and the proposal on every node that did not
+    /// (its grant may have landed unseen). That is a release on every node but those that
+    /// answered busy or stale, whose script changed nothing. A won round does the same in
+    /// the background for any grant of another token.
+    async fn grant_round(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        proposal: u64,
+        ttl_ms: u64,
+    ) -> (GrantOutcome, Vec<Answer<(GrantReply, u64)>>) {
+        let mut guard = GiveBack { nodes: &self.nodes, keys, owner, token: proposal, timeout: self.node_timeout };
+        let call = Invocation::new(&scripts().grant, &[&keys.hold, &keys.fence])
+            .arg(owner)
+            .arg(proposal.to_string())
+            .arg(ttl_ms);
+        let call = Arc::new(call);
+        let quorum = self.quorum;
+        let answers = fan_out(
+            &self.nodes,
+            self.node_timeout,
+            |mut conn| {
+                let call = call.clone();
+                async move { GrantReply::parse(call.run(&mut conn).await?) }
+            },
+            |answers| grant_won(answers, quorum).is_some(),
+        )
+        .await;
+        if let Some(fence) = max_fence(&answers) {
+            self.proposer.observe(&keys.fence, fence);
+        }
+        let outcome = decide_grant(&answers, proposal, quorum);
+        let leftovers = leftovers(&answers, proposal, outcome);
+        if let GrantOutcome::Won(_) = outcome {
+            guard.disarm();
+            if !leftovers.is_empty() {
+                let (nodes, keys, owner, timeout) =
+                    (self.nodes.clone(), keys.clone(), owner.to_string(), self.node_timeout);
+                tokio::spawn(async move { give_back(&nodes, &keys, &owner, &leftovers, timeout).await });
+            }
+        } else {
+            give_back(&self.nodes, keys, owner, &leftovers, self.node_timeout).await;
+            guard.disarm();
+        }
+        (outcome, answers)
+    }
+}
+
+/// What a round must give back: `(node, token)` pairs to release. Grants and re-entries
+/// of a token other than the winning one; and where no answer came, the proposal, unless
+/// the proposal won (then a late grant of it is part of the hold).
+fn leftovers(answers: &GrantAnswers, proposal: u64, outcome: GrantOutcome) -> Vec<(usize, u64)> {
+    let won = match outcome {
+        GrantOutcome::Won(token) => Some(token),
+        _ => None,
+    };
+    answers
+        .iter()
+        .enumerate()
+        .filter_map(|(index, answer)| match answer {
+            Answer::Replied((GrantReply::Granted(token) | GrantReply::Reentered(token), _)) => {
+                (won != Some(*token)).then_some((index, *token))
+            }
+            Answer::Replied(_) => None,
+            Answer::Pending | Answer::TimedOut | Answer::Failed(_) => {
+                (won != Some(proposal)).then_some((index, proposal))
+            }
+        })
+        .collect()
+}
+
+/// Releases one hold of `owner` with each token on its node (owner- and token-checked,
+/// so a hold that is not ours is never touched), all at once, within `timeout`.
+async fn give_back(nodes: &[NodeLink], keys: &LockKeys, owner: &str, leftovers: &[(usize, u64)], timeout: Duration) {
+    if leftovers.is_empty() {
+        return;
+    }
+    let calls = leftovers.iter().map(|&(index, token)| {
+        let mut conn = nodes[index].conn.clone();
+        let call = release_call(keys, owner, token);
+        async move { call.run(&mut conn).await }
+    });
+    match tokio::time::timeout(timeout, futures::future::join_all(calls)).await {
+        Ok(results) => {
+            for err in results.into_iter().filter_map(Result::err) {
+                tracing::debug!(%err, lock = %keys.hold, "giving back a partial grant failed; its ttl frees it");
+            }
+        }
+        Err(_) => tracing::debug!(lock = %keys.hold, "giving back a partial grant timed out; its ttl frees it"),
+    }
+}
+
+/// Gives the round's proposal back on every node if the round is abandoned halfway (the
+/// attempt's future dropped): its grants may have landed on any of them.
+struct GiveBack<'a> {
+    nodes: &'a Nodes,
+    keys: &'a LockKeys,
+    owner: &'a str,
+    token: u64,
+    timeout: Duration,
+}
+
+impl GiveBack<'_> {
+    fn disarm(&mut self) {
+        self.token = 0;
+    }
+}
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        if self.token == 0 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (nodes, keys, owner, timeout) =
+            (self.nodes.clone(), self.keys.clone(), self.owner.to_string(), self.timeout);
+        let leftovers: Vec<(usize, u64)> = (0..nodes.len()).map(|index| (index, self.token)).collect();
+        runtime.spawn(async move { give_back(&nodes, &keys, &owner, &leftovers, timeout).await });
+    }
+}
+
+#[async_trait]
+impl Backend for RedLockBackend {
+    type Hold = RedLockHold;
+    type Ticket = RedLockTicket;
+
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    async fn attempt(
+        &self,
+        req: &Request,
+        ticket: &mut Option<RedLockTicket>,
+    ) -> Result<Attempt<RedLockHold>, LockError> {
+        // The client bounds the whole attempt by the operation timeout: start no fan-out
+        // that could not finish within it.
+        let deadline = Instant::now() + self.config.op_timeout();
+        let keys = self.layout.lock(&req.name);
+        let owner = owner_field(&req.owner);
+        let ttl_ms = ttl_millis(req.ttl());
+        let mut look = self.look(&keys, &owner, ttl_ms, deadline).await?;
+        if let Look::Busy { split, .. } = look {
+            if req.blocking && ticket.is_none() && self.has_time_for(3, deadline) {
+                *ticket = Some(self.subscribe(&keys.channel).await);
+                // Look again: a release between the first look and the subscriptions
+                // would otherwise go unnoticed until the holder's ttl. After a split
+                // vote, the random delay comes first.
+                if !split {
+                    look = self.look(&keys, &owner, ttl_ms, deadline).await?;
+                }
+            }
+        }
+        Ok(match look {
+            Look::Won(token) => Attempt::Granted {
+                hold: RedLockHold { keys, owner_field: owner, token },
+                token: FencingToken::new(token),
+            },
+            Look::Busy { split: true, .. } => {
+                let splits = match ticket {
+                    Some(ticket) => {
+                        ticket.quiet = true;
+                        ticket.splits += 1;
+                        ticket.splits
+                    }
+                    None => 1,
+                };
+                Attempt::Busy { retry_after: Some(self.jitter(splits)) }
+            }
+            Look::Busy { split: false, retry_after } => Attempt::Busy { retry_after },
+        })
+    }
+
+    async fn wait(&self, _req: &Request, ticket: &mut Option<RedLockTicket>, until: Instant) -> Result<(), LockError> {
+        match ticket {
+            Some(ticket) if !ticket.quiet => {
+                let _ = tokio::time::timeout_at(until.into(), ticket.notify.notified()).await;
+            }
+            Some(ticket) => {
+                ticket.quiet = false;
+                tokio::time::sleep_until(until.into()).await;
+            }
+            None => tokio::time::sleep_until(until.into()).await,
+        }
+        Ok(())
+    }
+
+    async fn renew(&self, hold: &RedLockHold, ttl: Duration) -> Result<Renewal, LockError> {
+        let call = renew_call(&hold.keys, &hold.owner_field, hold.token, ttl_millis(ttl));
+        let call = Arc::new(call);
+        let quorum = self.quorum;
+        let mut answers = fan_out(
+            &self.nodes,
+            self.settle_timeout(),
+            |mut conn| {
+                let call = call.clone();
+                async move { RenewReply::parse(call.run(&mut conn).await?) }
+            },
+            |answers| renewal_done(answers, quorum),
+        )
+        .await;
+        match decide_renewal(&answers, quorum) {
+            Some(renewal) => Ok(renewal),
+            None => {
+                let renewed = answers.iter().filter(|a| a.replied() == Some(&RenewReply::Renewed)).count();
+                Err(unreachable(&mut answers, renewed, quorum))
+            }
+        }
+    }
+
+    async fn release(&self, hold: &RedLockHold) -> Result<Release, LockError> {
+        let call = release_call(&hold.keys, &hold.owner_field, hold.token);
+        let call = Arc::new(call);
+        let quorum = self.quorum;
+        let mut answers = fan_out(
+            &self.nodes,
+            self.settle_timeout(),
+            |mut conn| {
+                let call = call.clone();
+                async move { parse_release(call.run(&mut conn).await?) }
+            },
+            |answers| count_released(answers) >= quorum,
+        )
+        .await;
+        match decide_release(&answers, quorum) {
+            Some(release) => Ok(release),
+            None => {
+                let released = count_released(&answers);
+                Err(unreachable(&mut answers, released, quorum))
+            }
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
+        let keys = self.layout.lock(name);
+        let call = Invocation::new(&scripts().inspect, &[&keys.hold]);
+        let call = Arc::new(call);
+        let quorum = self.quorum;
+        let mut answers = fan_out(
+            &self.nodes,
+            self.settle_timeout(),
+            |mut conn| {
+                let call = call.clone();
+                async move { HoldView::parse(call.run(&mut conn).await?) }
+            },
+            |answers| inspect_done(answers, quorum),
+        )
+        .await;
+        let view = match decide_inspect(&answers, self.quorum) {
+            Ok(view) => view,
+            Err(got) => return Err(unreachable(&mut answers, got, self.quorum)),
+        };
+        let holder = match view {
+            None => None,
+            Some(view) => Some(Holder {
+                owner: OwnerId::new(&view.owner)
+                    .map_err(|e| LockError::backend(format!("owner field of {}: {e}", keys.hold)))?,
+                token: FencingToken::new(view.token),
+                count: view.count,
+                remaining: view.remaining,
+            }),
+        };
+        Ok(LockInfo { holder, waiters: None })
+    }
+
+    fn clock_drift(&self, ttl: Duration) -> Duration {
+        self.config.drift(ttl)
+    }
+}

@@ -1,0 +1,467 @@
+//! The settings of a RedLock client: the independent masters, how each is reached, the
+//! per-node timeout, the clock-drift allowance, the retry delay and how tokens are
+//! proposed, read from a `redlock://` URL or set with builder methods.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dlock_core::{parse_duration, ConnectOptions, LockError, MAX_DURATION};
+
+use crate::config::{redact, Node, RedisConfig, UrlParts, DEFAULT_PORT};
+use crate::keys::KeyLayout;
+
+/// The URL schemes of RedLock: `redlock://` and, with TLS to every node, `redlocks://`.
+pub const SCHEMES: &[&str] = &["redlock", "redlocks"];
+
+/// The default per-node timeout: far below any sensible ttl, so that a node that does not
+/// answer costs an acquire milliseconds, not the lease.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The default upper bound of the random delay before retrying after a split vote.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(50);
+
+/// How the client picks the fencing token it proposes to the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TokenSource {
+    /// Propose the larger of the wall clock in microseconds and the highest counter this
+    /// client has seen for the lock, plus one; a node whose counter is not below the
+    /// proposal refuses it and answers with its counter, and the client proposes the
+    /// maximum plus one in a second round. One round trip per acquire in the usual case;
+    /// tokens look like timestamps.
+    #[default]
+    Clock,
+    /// Read every node's counter first and propose the maximum plus one: the plain
+    /// two-phase scheme, with tokens that count up by one per grant, for one more round
+    /// trip per acquire.
+    ReadFirst,
+}
+
+/// The settings of a RedLock client over N independent Redis masters.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_redis::redlock::{RedLockConfig, TokenSource};
+///
+/// let config = RedLockConfig::from_url(
+///     "redlock://app:s3cret@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/2?node_timeout=50ms&prefix=shop",
+/// )?;
+/// assert_eq!(config.nodes().len(), 3);
+/// assert_eq!(config.quorum(), 2);
+/// assert_eq!(config.node_timeout(), Duration::from_millis(50));
+/// assert_eq!(config.token_source(), TokenSource::Clock);
+///
+/// // The same with the builder.
+/// use dlock_redis::Node;
+/// let built = RedLockConfig::new((1..=3).map(|i| Node::new(format!("10.0.0.{i}"), 6379)))
+///     .with_credentials(Some("app"), Some("s3cret"))
+///     .with_db(2)
+///     .with_node_timeout(Duration::from_millis(50))
+///     .with_prefix("shop");
+/// assert_eq!(built, config);
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Clone, PartialEq)]
+pub struct RedLockConfig {
+    nodes: Vec<Node>,
+    tls: bool,
+    tls_ca: Option<PathBuf>,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+    connect_timeout: Duration,
+    op_timeout: Duration,
+    node_timeout: Duration,
+    prefix: String,
+    drift_factor: f64,
+    drift_fixed: Duration,
+    retry_delay: Duration,
+    token_source: TokenSource,
+}
+
+impl fmt::Debug for RedLockConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedLockConfig")
+            .field("nodes", &self.nodes)
+            .field("tls", &self.tls)
+            .field("tls_ca", &self.tls_ca)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("db", &self.db)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .field("node_timeout", &self.node_timeout)
+            .field("prefix", &self.prefix)
+            .field("drift_factor", &self.drift_factor)
+            .field("drift_fixed", &self.drift_fixed)
+            .field("retry_delay", &self.retry_delay)
+            .field("token_source", &self.token_source)
+            .finish()
+    }
+}
+
+impl RedLockConfig {
+    /// RedLock over these masters, with the defaults: the timeouts and prefix of
+    /// [`ConnectOptions`], a [`DEFAULT_NODE_TIMEOUT`] per node, a drift allowance of
+    /// 1% of the ttl + 2 ms, a [`DEFAULT_RETRY_DELAY`], and [`TokenSource::Clock`].
+    pub fn new(nodes: impl IntoIterator<Item = Node>) -> Self {
+        let common = ConnectOptions::default();
+        RedLockConfig {
+            nodes: nodes.into_iter().collect(),
+            tls: false,
+            tls_ca: None,
+            username: None,
+            password: None,
+            db: 0,
+            connect_timeout: common.connect_timeout,
+            op_timeout: common.op_timeout,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            prefix: common.prefix,
+            drift_factor: 0.01,
+            drift_fixed: Duration::from_millis(2),
+            retry_delay: DEFAULT_RETRY_DELAY,
+            token_source: TokenSource::Clock,
+        }
+    }
+
+    /// Parses `redlock://[user[:password]@]host[:port],host[:port],...[/db][?options]`
+    /// (`redlocks://` for TLS to every node). Every node shares the credentials, the
+    /// database and the TLS settings.
+    ///
+    /// Query options: `connect_timeout`, `op_timeout`, `prefix` (as every backend);
+    /// `node_timeout` (the bound of each call to one node, default 100ms);
+    /// `drift_factor` (a fraction of the ttl, default 0.01) and `drift` (a fixed part,
+    /// default 2ms; `0` for none) of the clock-drift allowance; `retry_delay` (the upper
+    /// bound of the random delay after a split vote, default 50ms); `tokens=clock|read`
+    /// (see [`TokenSource`]); `tls_ca=<path>`. Unknown options are `InvalidInput`.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let bad = |why: &str| LockError::InvalidInput(format!("bad RedLock URL {}: {why}", redact(url)));
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("expected scheme://"))?;
+        let tls = match scheme.to_ascii_lowercase().as_str() {
+            "redlock" => false,
+            "redlocks" => true,
+            _ => return Err(bad(&format!("unknown scheme (use one of {})", SCHEMES.join(", ")))),
+        };
+        let parts = UrlParts::parse(rest, DEFAULT_PORT).map_err(|why| bad(&why))?;
+        let mut config = Self::new(parts.nodes).with_tls(tls);
+        config.username = parts.username;
+        config.password = parts.password;
+        match parts.segments.as_slice() {
+            [] => {}
+            [db] => config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?,
+            _ => return Err(bad("expected at most /<db> after the addresses")),
+        }
+        let (common, rest) = ConnectOptions::from_query(&parts.query)?;
+        config.connect_timeout = common.connect_timeout;
+        config.op_timeout = common.op_timeout;
+        config.prefix = common.prefix;
+        for (key, value) in rest {
+            match key.as_str() {
+                "node_timeout" => config.node_timeout = parse_duration(&value)?,
+                "drift_factor" => {
+                    config.drift_factor =
+                        value.parse().map_err(|_| bad("drift_factor must be a number such as 0.01"))?;
+                }
+                "drift" => {
+                    config.drift_fixed = if value.trim() == "0" { Duration::ZERO } else { parse_duration(&value)? }
+                }
+                "retry_delay" => config.retry_delay = parse_duration(&value)?,
+                "tokens" => {
+                    config.token_source = match value.as_str() {
+                        "clock" => TokenSource::Clock,
+                        "read" => TokenSource::ReadFirst,
+                        _ => return Err(bad("tokens must be clock or read")),
+                    };
+                }
+                "tls_ca" => config.tls_ca = Some(PathBuf::from(value)),
+                other => return Err(bad(&format!("unknown option {other:?}"))),
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the settings together; [`connect`](super::connect) calls it too.
+    pub fn validate(&self) -> Result<(), LockError> {
+        let bad = |why: String| Err(LockError::InvalidInput(why));
+        KeyLayout::new(&self.prefix)?;
+        if self.nodes.is_empty() {
+            return bad("RedLock needs at least one node".into());
+        }
+        if self.nodes.iter().any(|n| n.host.is_empty() || n.port == 0) {
+            return bad("a RedLock node has an empty host or port 0".into());
+        }
+        // The same server twice would vote twice: two clients could then each count a
+        // "majority" that shares only that one server.
+        let mut seen = HashSet::new();
+        if let Some(twice) = self.nodes.iter().find(|n| !seen.insert((n.host.to_ascii_lowercase(), n.port))) {
+            return bad(format!("RedLock node {twice} is listed twice"));
+        }
+        if self.tls_ca.is_some() && !self.tls {
+            return bad("tls_ca needs TLS (redlocks://)".into());
+        }
+        if self.db < 0 {
+            return bad(format!("database {} is negative", self.db));
+        }
+        if self.connect_timeout.is_zero() || self.op_timeout.is_zero() || self.node_timeout.is_zero() {
+            return bad("timeouts must be above zero".into());
+        }
+        // An attempt is a few fan-outs, each bounded by the node timeout, and must end
+        // well within one operation.
+        if self.node_timeout.saturating_mul(4) > self.op_timeout {
+            return bad(format!(
+                "node_timeout {:?} must be at most a quarter of op_timeout {:?}",
+                self.node_timeout, self.op_timeout
+            ));
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return bad(format!("drift_factor {} must be at least 0 and below 0.5", self.drift_factor));
+        }
+        if self.drift_fixed > MAX_DURATION {
+            return bad(format!("drift {:?} is absurd", self.drift_fixed));
+        }
+        if self.retry_delay.is_zero() || self.retry_delay > MAX_DURATION {
+            return bad(format!("retry_delay {:?} must be above zero and sensible", self.retry_delay));
+        }
+        Ok(())
+    }
+
+    /// Uses TLS to every node, verifying them against the system's root certificates.
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Trusts the CA certificates in this PEM file (instead of the system's) for TLS.
+    pub fn with_tls_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca = Some(path.into());
+        self
+    }
+
+    /// ACL user name and password (or only a password), the same on every node.
+    pub fn with_credentials(mut self, username: Option<&str>, password: Option<&str>) -> Self {
+        self.username = username.map(str::to_string);
+        self.password = password.map(str::to_string);
+        self
+    }
+
+    /// The logical database on every node.
+    pub fn with_db(mut self, db: i64) -> Self {
+        self.db = db;
+        self
+    }
+
+    /// How long connecting to the nodes may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one lock operation (all its fan-outs) may take before `Unavailable`.
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// How long one call to one node may take before the node counts as not answering.
+    /// Keep it far below your ttls and at most a quarter of the operation timeout.
+    pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// The key prefix (default `dlock`), without `{` or `}`.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The clock-drift allowance subtracted from every lease's validity: `factor` × ttl plus
+    /// `fixed` (default 0.01 × ttl plus 2 ms, as the RedLock description suggests). Widen
+    /// it when the nodes' clocks may run at rates further apart.
+    pub fn with_drift(mut self, factor: f64, fixed: Duration) -> Self {
+        self.drift_factor = factor;
+        self.drift_fixed = fixed;
+        self
+    }
+
+    /// The upper bound of the random delay before trying again after a split vote (no
+    /// client won a majority).
+    pub fn with_retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// How tokens are proposed (see [`TokenSource`]).
+    pub fn with_token_source(mut self, source: TokenSource) -> Self {
+        self.token_source = source;
+        self
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// How many nodes must agree: N/2 + 1.
+    pub fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// Whether TLS is used.
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The CA file trusted for TLS, if not the system's roots.
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.tls_ca.as_deref()
+    }
+
+    /// The ACL user name, if any.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
+    /// The password, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The logical database.
+    pub fn db(&self) -> i64 {
+        self.db
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The operation timeout.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The per-node timeout.
+    pub fn node_timeout(&self) -> Duration {
+        self.node_timeout
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The clock-drift allowance for a lease of `ttl`.
+    pub fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift_factor).saturating_add(self.drift_fixed)
+    }
+
+    /// The upper bound of the random retry delay.
+    pub fn retry_delay(&self) -> Duration {
+        self.retry_delay
+    }
+
+    /// How tokens are proposed.
+    pub fn token_source(&self) -> TokenSource {
+        self.token_source
+    }
+
+    /// The connection settings of one node, as a single-server [`RedisConfig`].
+    pub fn node_config(&self, node: &Node) -> RedisConfig {
+        let mut config = RedisConfig::single(node.host.clone(), node.port)
+            .with_tls(self.tls)
+            .with_credentials(self.username(), self.password())
+            .with_db(self.db)
+            .with_connect_timeout(self.connect_timeout)
+            .with_op_timeout(self.op_timeout)
+            .with_prefix(self.prefix.clone());
+        if let Some(ca) = &self.tls_ca {
+            config = config.with_tls_ca(ca.clone());
+        }
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_node_lists_and_options() {
+        let c = RedLockConfig::from_url("redlock://a:1,b:2,c,[::1]:4,e:5").unwrap();
+        assert_eq!(
+            c.nodes(),
+            &[Node::new("a", 1), Node::new("b", 2), Node::new("c", 6379), Node::new("::1", 4), Node::new("e", 5)]
+        );
+        assert_eq!(c.quorum(), 3);
+        assert!(!c.tls());
+        assert_eq!(c.drift(Duration::from_secs(10)), Duration::from_millis(102));
+
+        let c = RedLockConfig::from_url(
+            "redlocks://u:p%40ss@a,b/3?op_timeout=2s&node_timeout=20ms&drift_factor=0.05&drift=0\
+             &retry_delay=10ms&tokens=read&tls_ca=/ca.pem",
+        )
+        .unwrap();
+        assert!(c.tls());
+        assert_eq!((c.username(), c.password(), c.db()), (Some("u"), Some("p@ss"), 3));
+        assert_eq!(c.quorum(), 2);
+        assert_eq!(c.node_timeout(), Duration::from_millis(20));
+        assert_eq!(c.drift(Duration::from_secs(10)), Duration::from_millis(500));
+        assert_eq!(c.retry_delay(), Duration::from_millis(10));
+        assert_eq!(c.token_source(), TokenSource::ReadFirst);
+        assert_eq!(c.tls_ca(), Some(Path::new("/ca.pem")));
+
+        let node = c.node_config(&c.nodes()[1]);
+        assert_eq!(node.topology(), &crate::Topology::Single(Node::new("b", 6379)));
+        assert_eq!((node.db(), node.password(), node.tls()), (3, Some("p@ss"), true));
+    }
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        for (n, q) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)] {
+            let nodes = (0..n).map(|i| Node::new("h", 1000 + i as u16));
+            let quorum = RedLockConfig::new(nodes).quorum();
+            assert_eq!(quorum, q, "{n} nodes");
+            // Any two quorums share a node.
+            assert!(2 * quorum > n);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for url in [
+            "redis://a,b,c",
+            "redlock//a",
+            "redlock://",
+            "redlock://a,a",
+            "redlock://A:1,a:1",
+            "redlock://a,b:0",
+            "redlock://a,b/x",
+            "redlock://a,b/1/2",
+            "redlock://a,b/-1",
+            "redlock://a?nope=1",
+            "redlock://a?node_timeout=0ms",
+            "redlock://a?node_timeout=2s&op_timeout=5s",
+            "redlock://a?drift_factor=0.5",
+            "redlock://a?drift_factor=-0.1",
+            "redlock://a?drift_factor=x",
+            "redlock://a?retry_delay=0s",
+            "redlock://a?tokens=random",
+            "redlock://a?tls_ca=/ca.pem",
+            "redlock://a?prefix=x{y",
+        ] {
+            assert!(matches!(RedLockConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");
+        }
+    }
+
+    #[test]
+    fn never_shows_passwords() {
+        let err = RedLockConfig::from_url("redlock://u:hunter2@a,b?nope=1").unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        let config = RedLockConfig::from_url("redlock://u:hunter2@a,b").unwrap();
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,147 @@
+//! The N masters of a RedLock client: one command connection and one (lazy) pub/sub
+//! connection each, and the fan-out that sends one call to all of them at once.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
+use redis::RedisResult;
+
+use dlock_core::LockError;
+
+use super::config::RedLockConfig;
+use super::quorum::Answer;
+use crate::config::Node;
+use crate::connection::{self, RedisConnection};
+use crate::pubsub::Subscriptions;
+
+/// One master: its address, command connection and release subscriptions.
+pub(crate) struct NodeLink {
+    pub(crate) node: Node,
+    pub(crate) conn: RedisConnection,
+    pub(crate) subscriptions: Subscriptions,
+}
+
+/// The masters of one client, shared with the tasks that clean up after it.
+pub(crate) type Nodes = Arc<[NodeLink]>;
+
+/// Connects to every node at once, within the connect timeout. Nodes that do not answer
+/// get a connection that opens on first use, so that a client can start while a
+/// minority is down; fewer than a quorum answering is an error (`Unavailable` when none
+/// did, `QuorumNotReached` otherwise), and so is any answer that is not about reaching
+/// a node (wrong credentials, say).
+pub(crate) async fn connect(config: &RedLockConfig) -> Result<Nodes, LockError> {
+    config.validate()?;
+    let attempts = config.nodes().iter().map(|node| async move {
+        let node_config = config.node_config(node);
+        let outcome = connection::connect(&node_config).await;
+        (node, node_config, outcome)
+    });
+    let mut reached = 0;
+    let mut first_failure = None;
+    let mut connected = Vec::with_capacity(config.nodes().len());
+    for (node, node_config, outcome) in futures::future::join_all(attempts).await {
+        let link = match outcome {
+            Ok(link) => {
+                reached += 1;
+                link
+            }
+            Err(err) if err.is_transient() => {
+                tracing::debug!(%node, %err, "RedLock node unreachable at connect; it will be tried on first use");
+                first_failure.get_or_insert(err);
+                connection::connect_lazily(&node_config)?
+            }
+            Err(err) => return Err(err),
+        };
+        connected.push((node.clone(), link));
+    }
+    let quorum = config.quorum();
+    if reached < quorum {
+        return Err(match (reached, first_failure) {
+            (0, first) => LockError::Unavailable(format!(
+                "none of the {} RedLock nodes answered{}",
+                config.nodes().len(),
+                first.map(|err| format!(" (first: {err})")).unwrap_or_default()
+            )),
+            (got, _) => LockError::QuorumNotReached { got, needed: quorum },
+        });
+    }
+    Ok(connected
+        .into_iter()
+        .map(|(node, link)| NodeLink {
+            node,
+            conn: link.commands,
+            subscriptions: Subscriptions::start(link.nodes, config.connect_timeout(), config.op_timeout()),
+        })
+        .collect())
+}
+
+/// Sends `call` to every node at once and collects the answers, until `enough` says the
+/// outcome is known or `timeout` passes (unanswered calls then count as timed out).
+///
+/// Calls still out when the outcome is known are not abandoned: the client library drops
+/// a queued command whose caller has gone, and a renewal or release must reach every
+/// node it can. A task of their own waits for them, up to the same deadline.
+pub(crate) async fn fan_out<T, F, Fut>(
+    nodes: &[NodeLink],
+    timeout: Duration,
+    call: F,
+    mut enough: impl FnMut(&[Answer<T>]) -> bool,
+) -> Vec<Answer<T>>
+where
+    T: Send + 'static,
+    F: Fn(RedisConnection) -> Fut,
+    Fut: Future<Output = RedisResult<T>> + Send + 'static,
+{
+    let mut answers: Vec<Answer<T>> = nodes.iter().map(|_| Answer::Pending).collect();
+    let mut calls: FuturesUnordered<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(index, link)| {
+            let reply = call(link.conn.clone());
+            async move { (index, reply.await) }
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let sleep = tokio::time::sleep_until(deadline);
+    tokio::pin!(sleep);
+    let record = |answers: &mut [Answer<T>], (index, reply): (usize, RedisResult<T>)| {
+        answers[index] = match reply {
+            Ok(reply) => Answer::Replied(reply),
+            Err(err) => Answer::Failed(err),
+        };
+    };
+    loop {
+        tokio::select! {
+            // Answers first: on a busy machine the deadline and answers become ready in
+            // the same tick, and an answer that arrived is not a node that timed out.
+            biased;
+            next = calls.next() => {
+                let Some(next) = next else { break };
+                record(&mut answers, next);
+                if enough(&answers) {
+                    if !calls.is_empty() {
+                        tokio::spawn(async move {
+                            let _ = tokio::time::timeout_at(deadline, calls.for_each(|_| async {})).await;
+                        });
+                    }
+                    break;
+                }
+            }
+            _ = &mut sleep => {
+                // Let the connections hand over replies they have already read.
+                tokio::task::yield_now().await;
+                while let Some(Some(next)) = calls.next().now_or_never() {
+                    record(&mut answers, next);
+                }
+                for answer in answers.iter_mut().filter(|a| matches!(a, Answer::Pending)) {
+                    *answer = Answer::TimedOut;
+                }
+                break;
+            }
+        }
+    }
+    answers
+}

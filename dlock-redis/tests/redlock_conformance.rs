@@ -1,0 +1,5 @@
+//! RedLock runs the whole shared suite against five real, persistent redis-servers.
+
+mod support;
+
+conformance::suite!(support::redlock::RedLockFixture::new());

@@ -1,0 +1,215 @@
+//! The RedLock fixture of the shared conformance suite: five independent, persistent
+//! redis-servers per test (or the masters of `DLOCK_TEST_REDLOCK_URL`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::proxy::{FaultProxy, ProxyLink};
+use conformance::supervisor::external_url;
+use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters};
+use conformance::{FaultyClient, Fixture, Link, Timing};
+use dlock_core::{LockError, LockName, Locker};
+use dlock_redis::redlock::{self, RedLockConfig};
+use dlock_redis::Node;
+
+use super::CONNECT_TIMEOUT;
+
+/// How many masters the fixture starts.
+pub const MASTERS: usize = 5;
+
+/// The operation timeout of the fixture's clients: twice the single server's, for five
+/// servers and their clients sharing a loaded 2-core machine running debug builds.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The per-node timeout of the fixture's clients: a quarter of the operation timeout. A
+/// healthy node answers in microseconds; the room is for a starved test process, whose
+/// late answers would otherwise count as nodes that did not answer.
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Independent masters the fixture started (or external ones), and clients of them.
+pub struct RedLockFixture {
+    masters: Mutex<Option<RedisMasters>>,
+    config: RedLockConfig,
+    proxies: Mutex<Vec<FaultProxy>>,
+    /// Ports of "masters" that accept connections and never answer, kept so that no
+    /// server started meanwhile can take them.
+    silent: Mutex<Vec<std::net::TcpListener>>,
+}
+
+impl RedLockFixture {
+    /// A fixture over five fresh persistent servers (AOF, fsync on every write, so that
+    /// holds and fence counters survive a kill -9), or over `DLOCK_TEST_REDLOCK_URL`.
+    pub fn new() -> Self {
+        Self::with_masters(MASTERS)
+    }
+
+    /// As [`new`](Self::new), with `count` masters.
+    pub fn with_masters(count: usize) -> Self {
+        if let Some(url) = external_url("redlock") {
+            let config = RedLockConfig::from_url(&url).expect("DLOCK_TEST_REDLOCK_URL is a valid RedLock URL");
+            return RedLockFixture {
+                masters: Mutex::new(None),
+                config: timeouts(config),
+                proxies: Mutex::new(Vec::new()),
+                silent: Mutex::new(Vec::new()),
+            };
+        }
+        let masters = RedisMasters::start(count, &ServerConfig { persistent: true, ..Default::default() })
+            .expect("start redis-servers (scripts/install-backends installs them)");
+        let config =
+            config_for(&masters.addrs().iter().map(|a| Node::new(a.ip().to_string(), a.port())).collect::<Vec<_>>());
+        RedLockFixture {
+            masters: Mutex::new(Some(masters)),
+            config,
+            proxies: Mutex::new(Vec::new()),
+            silent: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The client configuration of the masters.
+    pub fn config(&self) -> RedLockConfig {
+        self.config.clone()
+    }
+
+    /// Runs `f` on the masters the fixture started.
+    pub fn with_masters_mut<T>(&self, what: &str, f: impl FnOnce(&mut RedisMasters) -> T) -> T {
+        let mut masters = self.masters.lock().unwrap();
+        let masters = masters.as_mut().unwrap_or_else(|| {
+            panic!("{what} needs redis-servers started by the tests; unset DLOCK_TEST_REDLOCK_URL to run it")
+        });
+        f(masters)
+    }
+
+    /// The client configuration with every node reached through a fault proxy of its
+    /// own, and the proxies' links, in node order.
+    pub async fn proxied(&self) -> (RedLockConfig, Vec<ProxyLink>) {
+        let mut nodes = Vec::new();
+        let mut links = Vec::new();
+        for node in self.config.nodes() {
+            let target = tokio::net::lookup_host((node.host.as_str(), node.port))
+                .await
+                .ok()
+                .and_then(|mut addrs| addrs.next())
+                .unwrap_or_else(|| panic!("cannot resolve {node}"));
+            let proxy = FaultProxy::start(target).await.expect("start a fault proxy");
+            nodes.push(Node::new(proxy.addr().ip().to_string(), proxy.addr().port()));
+            links.push(proxy.link());
+            self.proxies.lock().unwrap().push(proxy);
+        }
+        let config = timeouts(
+            RedLockConfig::new(nodes)
+                .with_db(self.config.db())
+                .with_credentials(self.config.username(), self.config.password())
+                .with_prefix(self.config.prefix()),
+        );
+        (config, links)
+    }
+
+    /// A plain connection to node `index`, for admin commands.
+    pub async fn admin(&self, index: usize) -> redis::aio::MultiplexedConnection {
+        let node = &self.config.nodes()[index];
+        let mut info = redis::RedisConnectionInfo::default().set_db(self.config.db());
+        if let Some(user) = self.config.username() {
+            info = info.set_username(user);
+        }
+        if let Some(password) = self.config.password() {
+            info = info.set_password(password);
+        }
+        let addr = redis::ConnectionAddr::Tcp(node.host.clone(), node.port);
+        let conn_info = redis::IntoConnectionInfo::into_connection_info(addr).unwrap().set_redis_settings(info);
+        redis::Client::open(conn_info).unwrap().get_multiplexed_async_connection().await.expect("admin connection")
+    }
+}
+
+impl Default for RedLockFixture {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The fixture's client settings for masters at these addresses.
+pub fn config_for(nodes: &[Node]) -> RedLockConfig {
+    timeouts(RedLockConfig::new(nodes.to_vec()))
+}
+
+fn timeouts(config: RedLockConfig) -> RedLockConfig {
+    config.with_op_timeout(OP_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT).with_node_timeout(NODE_TIMEOUT)
+}
+
+/// One switch over the links to every node.
+pub struct Links(pub Vec<ProxyLink>);
+
+impl Link for Links {
+    fn cut(&self) {
+        self.0.iter().for_each(Link::cut);
+    }
+
+    fn blackhole(&self) {
+        self.0.iter().for_each(Link::blackhole);
+    }
+
+    fn restore(&self) {
+        self.0.iter().for_each(Link::restore);
+    }
+}
+
+#[async_trait]
+impl Fixture for RedLockFixture {
+    fn timing(&self) -> Timing {
+        // A renewal is five script calls, one per server, where the single server's is
+        // one: 1,000 leases renewed every ttl/3 cost the client about four times the CPU.
+        // For the same headroom on a shared 2-core machine running debug builds, the ttl
+        // is three times the single server's.
+        Timing { ttl: Duration::from_secs(6), margin: Duration::from_secs(4) }
+    }
+
+    async fn client(&self) -> Arc<dyn Locker> {
+        Arc::new(redlock::connect(self.config()).await.expect("connect to the RedLock masters"))
+    }
+
+    async fn faulty_client(&self) -> FaultyClient {
+        let (config, links) = self.proxied().await;
+        let locker = redlock::connect(config).await.expect("connect through the proxies");
+        FaultyClient { locker: Arc::new(locker), link: Box::new(Links(links)) }
+    }
+
+    async fn evict(&self, name: &LockName) {
+        let keys = dlock_redis::KeyLayout::new(self.config.prefix()).unwrap().lock(name);
+        for index in 0..self.config.nodes().len() {
+            let mut admin = self.admin(index).await;
+            let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut admin).await.expect("DEL the hold");
+        }
+    }
+
+    async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
+        // Five free ports would each be free only until some other test's server took
+        // one; listeners that never answer keep them: connections hang like a frozen host's.
+        let listeners: Vec<std::net::TcpListener> =
+            (0..MASTERS).map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)).expect("a free port")).collect();
+        let nodes: Vec<Node> = listeners
+            .iter()
+            .map(|listener| Node::new("127.0.0.1", listener.local_addr().expect("its address").port()))
+            .collect();
+        self.silent.lock().unwrap().extend(listeners);
+        let config = RedLockConfig::new(nodes)
+            .with_connect_timeout(timeout)
+            .with_op_timeout(timeout)
+            .with_node_timeout(timeout / 4);
+        redlock::connect(config).await.map(|locker| Arc::new(locker) as Arc<dyn Locker>)
+    }
+
+    async fn stop_backend(&self) {
+        self.with_masters_mut("stopping the backend", |masters| {
+            (0..masters.nodes().len()).for_each(|index| masters.kill(index));
+        });
+    }
+
+    async fn start_backend(&self) {
+        self.with_masters_mut("restarting the backend", |masters| {
+            for index in 0..masters.nodes().len() {
+                masters.start_again(index).expect("restart redis-server");
+            }
+        });
+    }
+}
