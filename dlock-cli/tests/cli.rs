@@ -295,3 +295,27 @@ mod etcd {
         lost_lease_stops_the_command(&server.url(), dir.path());
     }
 }
+
+mod redlock {
+    use super::*;
+    use conformance::supervisor::redis::{RedisConfig, RedisMasters};
+
+    fn masters() -> RedisMasters {
+        RedisMasters::start(5, &RedisConfig { persistent: true, ..RedisConfig::default() }).expect("start 5 masters")
+    }
+
+    #[test]
+    fn processes_exclude_each_other() {
+        let masters = masters();
+        counts_exactly(&masters.url(), tempfile::tempdir().unwrap().path());
+    }
+
+    #[test]
+    fn exit_codes() {
+        let masters = masters();
+        let dir = tempfile::tempdir().unwrap();
+        passes_exit_code(&masters.url());
+        tempfail_when_held(&masters.url(), dir.path());
+        lost_lease_stops_the_command(&masters.url(), dir.path());
+    }
+}

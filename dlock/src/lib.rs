@@ -9,7 +9,7 @@
 //! | `postgres://`, `postgresql://` | PostgreSQL lease table (`?lock=advisory`: `pg_advisory_lock`) | `postgres` |
 //! | `mysql://`, `mariadb://` | MySQL/MariaDB lease table (`?lock=advisory`: `GET_LOCK`) | `mysql` |
 //! | `redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://` | Redis (one server, Cluster, Sentinel) | `redis` |
-//! | `redlock://h1:p1,h2:p2,...` | RedLock over N Redis masters | `redlock` |
+//! | `redlock://h1:p1,h2:p2,...` (`redlocks://`) | RedLock over N Redis masters | `redlock` |
 //! | `zk://` | ZooKeeper | `zk` |
 //! | `etcd://`, `etcds://` | etcd | `etcd` |
 //!

@@ -19,7 +19,7 @@ pub enum Scheme {
     Mysql,
     /// `redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://` (and their TLS forms).
     Redis,
-    /// `redlock://host:port,host:port,...`.
+    /// `redlock://host:port,host:port,...` (`redlocks://` for TLS).
     RedLock,
     /// `zk://`.
     ZooKeeper,
@@ -52,7 +52,7 @@ impl Scheme {
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel" => {
                 Scheme::Redis
             }
-            "redlock" => Scheme::RedLock,
+            "redlock" | "redlocks" => Scheme::RedLock,
             "zk" => Scheme::ZooKeeper,
             "etcd" | "etcds" => Scheme::Etcd,
             other => return Err(LockError::InvalidInput(format!("no backend for the scheme {other:?} in {url:?}"))),
@@ -100,6 +100,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>, LockError> {
         Scheme::Mysql => dlock_sql::connect_any(dlock_sql::SqlConfig::from_url(url)?).await,
         #[cfg(feature = "redis")]
         Scheme::Redis => Ok(Arc::new(dlock_redis::connect(dlock_redis::RedisConfig::from_url(url)?).await?)),
+        #[cfg(feature = "redlock")]
+        Scheme::RedLock => {
+            Ok(Arc::new(dlock_redis::redlock::connect(dlock_redis::redlock::RedLockConfig::from_url(url)?).await?))
+        }
         #[cfg(feature = "zk")]
         Scheme::ZooKeeper => Ok(Arc::new(dlock_zk::connect(dlock_zk::ZkConfig::from_url(url)?).await?)),
         #[cfg(feature = "etcd")]
@@ -123,6 +127,10 @@ pub async fn raw_baseline(url: &str) -> Result<Box<dyn RawBaseline>, LockError> 
         Scheme::Mysql => Ok(Box::new(dlock_sql::raw_baseline(dlock_sql::SqlConfig::from_url(url)?).await?)),
         #[cfg(feature = "redis")]
         Scheme::Redis => Ok(Box::new(dlock_redis::raw_baseline(dlock_redis::RedisConfig::from_url(url)?).await?)),
+        #[cfg(feature = "redlock")]
+        Scheme::RedLock => {
+            Ok(Box::new(dlock_redis::redlock::raw_baseline(dlock_redis::redlock::RedLockConfig::from_url(url)?).await?))
+        }
         #[cfg(feature = "zk")]
         Scheme::ZooKeeper => Ok(Box::new(dlock_zk::raw_baseline(dlock_zk::ZkConfig::from_url(url)?).await?)),
         #[cfg(feature = "etcd")]
