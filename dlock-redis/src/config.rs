@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_core::{parse_duration, percent_decode, ConnectOptions, LockError};
+use dlock_core::{parse_duration, BackendUrl, ConnectOptions, HostPort, LockError};
 
 use crate::keys::KeyLayout;
 
@@ -21,30 +21,7 @@ pub const SCHEMES: &[&str] =
     &["redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"];
 
 /// One `host:port`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Node {
-    /// A host name or IP address (IPv6 without brackets).
-    pub host: String,
-    /// The TCP port.
-    pub port: u16,
-}
-
-impl Node {
-    /// A node at `host:port`.
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
-        Node { host: host.into(), port }
-    }
-}
-
-impl fmt::Display for Node {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
+pub type Node = HostPort;
 
 /// Which Redis deployment the locks live on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,25 +152,30 @@ impl RedisConfig {
     /// certificates to trust instead of the system's (with `rediss`). Unknown options are
     /// `InvalidInput`.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let bad = |why: &str| LockError::InvalidInput(format!("bad Redis URL {}: {why}", redact(url)));
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("expected scheme://"))?;
-        let (tls, kind) = match scheme.to_ascii_lowercase().as_str() {
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase()).unwrap_or_default();
+        let (tls, kind) = match scheme.as_str() {
             "redis" => (false, Kind::Single),
             "rediss" => (true, Kind::Single),
             "redis+cluster" => (false, Kind::Cluster),
             "rediss+cluster" => (true, Kind::Cluster),
             "redis+sentinel" => (false, Kind::Sentinel),
             "rediss+sentinel" => (true, Kind::Sentinel),
-            _ => return Err(bad(&format!("unknown scheme (use one of {})", SCHEMES.join(", ")))),
+            _ => {
+                return Err(LockError::InvalidInput(format!(
+                    "bad Redis URL {}: unknown scheme (use one of {})",
+                    redact(url),
+                    SCHEMES.join(", ")
+                )))
+            }
         };
         let default_port = if kind == Kind::Sentinel { DEFAULT_SENTINEL_PORT } else { DEFAULT_PORT };
-        let UrlParts { username, password, nodes, segments, query } =
-            UrlParts::parse(rest, default_port).map_err(|why| bad(&why))?;
-        let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let parsed = BackendUrl::parse(url, default_port)?;
+        let bad = |why: &str| parsed.invalid(why);
+        let segments: Vec<&str> = parsed.path.split('/').filter(|s| !s.is_empty()).collect();
         let (master, db) = match kind {
             Kind::Sentinel => match segments.as_slice() {
-                [master] => (Some(percent_decode(master)?), None),
-                [master, db] => (Some(percent_decode(master)?), Some(*db)),
+                [master] => (Some(master.to_string()), None),
+                [master, db] => (Some(master.to_string()), Some(*db)),
                 _ => return Err(bad("expected /<master name>[/<db>] after the Sentinel addresses")),
             },
             _ => match segments.as_slice() {
@@ -202,6 +184,7 @@ impl RedisConfig {
                 _ => return Err(bad("expected at most /<db> after the address")),
             },
         };
+        let nodes = parsed.hosts.clone();
         let mut config = match kind {
             Kind::Single => {
                 if nodes.len() != 1 {
@@ -216,13 +199,12 @@ impl RedisConfig {
         if let Some(db) = db {
             config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?;
         }
-        config.username = username;
-        config.password = password;
-
-        let (common, rest) = ConnectOptions::from_query(&query)?;
-        config.connect_timeout = common.connect_timeout;
-        config.op_timeout = common.op_timeout;
-        config.prefix = common.prefix;
+        config.username = parsed.user.clone();
+        config.password = parsed.password.clone();
+        config.connect_timeout = parsed.options.connect_timeout;
+        config.op_timeout = parsed.options.op_timeout;
+        config.prefix = parsed.options.prefix.clone();
+        let rest = parsed.extra.clone();
         let mut replicas = None;
         let mut wait_timeout = None;
         for (key, value) in rest {
@@ -424,79 +406,7 @@ enum Kind {
     Sentinel,
 }
 
-/// The parts of a Redis URL after `scheme://`, shared by every URL form of this crate:
-/// `[user[:password]@]host[:port],host[:port],...[/segment/...][?query]`.
-pub(crate) struct UrlParts {
-    /// The percent-decoded user name (`None` when absent or empty).
-    pub username: Option<String>,
-    /// The percent-decoded password.
-    pub password: Option<String>,
-    /// The hosts, in order.
-    pub nodes: Vec<Node>,
-    /// The non-empty path segments, as written (not decoded).
-    pub segments: Vec<String>,
-    /// The query string without `?`, as written.
-    pub query: String,
-}
-
-impl UrlParts {
-    /// Splits what follows `scheme://`; a host without a port gets `default_port`.
-    pub fn parse(rest: &str, default_port: u16) -> Result<Self, String> {
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
-        let nodes = hosts.split(',').map(|h| parse_node(h, default_port)).collect::<Result<Vec<_>, _>>()?;
-        let (mut username, mut password) = (None, None);
-        if let Some(userinfo) = userinfo {
-            let (user, pass) = match userinfo.split_once(':') {
-                Some((user, pass)) => (user, Some(pass)),
-                None => (userinfo, None),
-            };
-            let decode = |text: &str| percent_decode(text).map_err(|e| e.to_string());
-            username = Some(decode(user)?).filter(|u| !u.is_empty());
-            password = pass.map(decode).transpose()?;
-        }
-        let segments = path.split('/').filter(|s| !s.is_empty()).map(str::to_string).collect();
-        Ok(UrlParts { username, password, nodes, segments, query: query.to_string() })
-    }
-}
-
-fn parse_node(text: &str, default_port: u16) -> Result<Node, String> {
-    let text = text.trim();
-    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-        let (host, after) = rest.split_once(']').ok_or_else(|| format!("unclosed [ in {text:?}"))?;
-        (host, after.strip_prefix(':'))
-    } else {
-        match text.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (text, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(format!("empty host in {text:?}"));
-    }
-    let port = match port {
-        Some(port) => port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| format!("bad port in {text:?}"))?,
-        None => default_port,
-    };
-    Ok(Node::new(host, port))
-}
-
-/// The URL without its password, for error messages.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            format!("{scheme}://{user}:***@{hosts}{}", &rest[authority_end..])
-        }
-        None => url.to_string(),
-    }
-}
+pub(crate) use dlock_core::redact;
 
 #[cfg(test)]
 mod tests {

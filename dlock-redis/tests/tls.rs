@@ -3,48 +3,14 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use conformance::supervisor::free_port;
 use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters, RedisServer};
+use conformance::supervisor::tls::TestPki;
 use dlock_core::{LockName, LockOptions, Locker};
 use dlock_redis::redlock::{self, RedLockConfig};
 use dlock_redis::RedisConfig;
-
-/// A CA and a server certificate for 127.0.0.1, made with the openssl command.
-fn make_certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    run(&[
-        &["req", "-x509"][..],
-        &ec,
-        &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=dlock test CA"],
-    ]
-    .concat());
-    run(&[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]].concat());
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-    ]);
-}
 
 /// The arguments of a redis-server that also listens for TLS on `tls_port`.
 fn tls_args(certs: &Path, tls_port: u16) -> Vec<String> {
@@ -55,7 +21,7 @@ fn tls_args(certs: &Path, tls_port: u16) -> Vec<String> {
         "--tls-cert-file".into(),
         file("server.pem"),
         "--tls-key-file".into(),
-        file("server.key"),
+        file("server-key.pem"),
         "--tls-ca-cert-file".into(),
         file("ca.pem"),
         "--tls-auth-clients".into(),
@@ -65,11 +31,10 @@ fn tls_args(certs: &Path, tls_port: u16) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_over_tls() {
-    let certs = tempfile::tempdir().unwrap();
-    make_certificates(certs.path());
+    let certs = TestPki::new("client").expect("test certificates");
     let tls_port = free_port().unwrap();
-    let file = |name: &str| certs.path().join(name).display().to_string();
-    let args = tls_args(certs.path(), tls_port);
+    let file = |name: &str| certs.dir().join(name).display().to_string();
+    let args = tls_args(certs.dir(), tls_port);
     let _server = RedisServer::start(&ServerConfig { persistent: false, extra_args: args }).unwrap();
 
     let url = format!("rediss://127.0.0.1:{tls_port}?tls_ca={}&connect_timeout=2s&op_timeout=2s", file("ca.pem"));
@@ -100,17 +65,16 @@ async fn locks_over_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_over_tls() {
-    let certs = tempfile::tempdir().unwrap();
-    make_certificates(certs.path());
+    let certs = TestPki::new("client").expect("test certificates");
     let mut servers = Vec::new();
     let mut hosts = Vec::new();
     for _ in 0..3 {
         let tls_port = free_port().unwrap();
-        let args = tls_args(certs.path(), tls_port);
+        let args = tls_args(certs.dir(), tls_port);
         servers.push(RedisMasters::start(1, &ServerConfig { persistent: false, extra_args: args }).unwrap());
         hosts.push(format!("127.0.0.1:{tls_port}"));
     }
-    let ca = certs.path().join("ca.pem").display().to_string();
+    let ca = certs.dir().join("ca.pem").display().to_string();
     let url = format!("redlocks://{}?tls_ca={ca}&connect_timeout=2s&op_timeout=2s&node_timeout=500ms", hosts.join(","));
     let locker = redlock::connect(RedLockConfig::from_url(&url).unwrap()).await.expect("connect over TLS");
     let name = LockName::new("redlock/over/tls").unwrap();

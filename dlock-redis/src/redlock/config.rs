@@ -7,9 +7,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_core::{parse_duration, ConnectOptions, LockError, MAX_DURATION};
+use dlock_core::{parse_duration, BackendUrl, ConnectOptions, LockError, MAX_DURATION};
 
-use crate::config::{redact, Node, RedisConfig, UrlParts, DEFAULT_PORT};
+use crate::config::{Node, RedisConfig, DEFAULT_PORT};
 use crate::keys::KeyLayout;
 
 /// The URL schemes of RedLock: `redlock://` and, with TLS to every node, `redlocks://`.
@@ -136,26 +136,26 @@ impl RedLockConfig {
     /// bound of the random delay after a split vote, default 50ms); `tokens=clock|read`
     /// (see [`TokenSource`]); `tls_ca=<path>`. Unknown options are `InvalidInput`.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let bad = |why: &str| LockError::InvalidInput(format!("bad RedLock URL {}: {why}", redact(url)));
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("expected scheme://"))?;
-        let tls = match scheme.to_ascii_lowercase().as_str() {
+        let parsed = BackendUrl::parse(url, DEFAULT_PORT)?;
+        let bad = |why: &str| parsed.invalid(why);
+        let tls = match parsed.scheme.as_str() {
             "redlock" => false,
             "redlocks" => true,
             _ => return Err(bad(&format!("unknown scheme (use one of {})", SCHEMES.join(", ")))),
         };
-        let parts = UrlParts::parse(rest, DEFAULT_PORT).map_err(|why| bad(&why))?;
-        let mut config = Self::new(parts.nodes).with_tls(tls);
-        config.username = parts.username;
-        config.password = parts.password;
-        match parts.segments.as_slice() {
+        let mut config = Self::new(parsed.hosts.clone()).with_tls(tls);
+        config.username = parsed.user.clone();
+        config.password = parsed.password.clone();
+        let segments: Vec<&str> = parsed.path.split('/').filter(|s| !s.is_empty()).collect();
+        match segments.as_slice() {
             [] => {}
             [db] => config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?,
             _ => return Err(bad("expected at most /<db> after the addresses")),
         }
-        let (common, rest) = ConnectOptions::from_query(&parts.query)?;
-        config.connect_timeout = common.connect_timeout;
-        config.op_timeout = common.op_timeout;
-        config.prefix = common.prefix;
+        config.connect_timeout = parsed.options.connect_timeout;
+        config.op_timeout = parsed.options.op_timeout;
+        config.prefix = parsed.options.prefix.clone();
+        let rest = parsed.extra.clone();
         for (key, value) in rest {
             match key.as_str() {
                 "node_timeout" => config.node_timeout = parse_duration(&value)?,
