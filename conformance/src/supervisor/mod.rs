@@ -27,12 +27,31 @@ pub fn external_url(kind: &str) -> Option<String> {
     std::env::var(var).ok().filter(|v| !v.trim().is_empty())
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, and that no other test process of this
+/// machine is handed while this one lives.
 ///
-/// Another process may take it before the server binds it; [`start_on_free_port`]
-/// retries with a new port when that happens.
+/// Test processes reserve the ports they hand out with a lock file (released by the
+/// kernel when the process exits), so two tests never start servers on one port. A
+/// process that is not a test may still take the port before the server binds it;
+/// [`start_on_free_port`] retries with a new port when that happens.
 pub fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+    static RESERVED: Mutex<Vec<File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("dlock-test-ports");
+    std::fs::create_dir_all(&dir)?;
+    for _ in 0..100 {
+        let port = TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port();
+        let reservation =
+            File::options().create(true).truncate(false).write(true).open(dir.join(format!("{port}.lock")))?;
+        match reservation.try_lock() {
+            Ok(()) => {
+                RESERVED.lock().unwrap_or_else(|p| p.into_inner()).push(reservation);
+                return Ok(port);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => continue,
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+    Err(io::Error::other("no free loopback port could be reserved"))
 }
 
 /// Waits until something accepts TCP connections on `addr`, or `child` exits, or the
