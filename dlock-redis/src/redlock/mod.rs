@@ -86,7 +86,8 @@
 //! | | single instance (`redis://`) | RedLock, 5 masters (`redlock://`) |
 //! |---|---|---|
 //! | round trips, uncontended acquire + release | 2 (one script call each) | 2 fan-outs of 5 calls in parallel, each done at the third answer; 3 with `tokens=read` |
-//! | p50 acquire + release, `tests/redlock_overhead.rs` | 100–230 µs | 350–500 µs with clock tokens (1.8–4.8× single, median 2.0× over eight runs); 500–650 µs with `tokens=read` |
+//! | p50 acquire + release (`dlock bench`, servers without persistence) | 153–162 µs | 283–313 µs (1.8–2.0× single) |
+//! | the same, every server with AOF `appendfsync always` | 472–496 µs | 881–1037 µs (1.9–2.1× single) |
 //! | one server killed | every lock unavailable until it is back | nothing: 4 masters answer |
 //! | two servers killed | — | nothing: 3 masters still make a quorum, and no second holder gets in |
 //! | three servers killed | — | acquires fail at once (`QuorumNotReached`); holders lose their leases when their validity runs out |
@@ -95,14 +96,12 @@
 //! | server restarts without its data | holds lost, tokens go back | one such master can let a second holder in and repeat a token: keep it down longer than the longest ttl, and keep the counters with AOF |
 //! | holder paused past its ttl | fenced by the token | fenced by the token |
 //!
-//! The latencies were measured on a shared 2-core machine with all servers local, in
-//! release mode, with `cargo nextest run --release -p dlock-redis --test redlock_overhead
-//! --run-ignored only --no-capture` (ranges over runs; the machine's load varies). On it,
-//! five connections cost more than one because their system calls and wake-ups take
-//! turns on two cores: a bare `PING` to five servers at once takes 1.7–3.5× a `PING` to
-//! one, about the ratio RedLock shows, while RedLock over one master costs what a single
-//! instance does (0.8–1.1×) and over three 1.3–2.8×. The library adds nothing to the
-//! commands themselves: its p50 is 0.8–1.1× the raw baseline's (it stops waiting at the
+//! The latencies are the p50 of `dlock bench --scenario uncontended --iterations 3000
+//! --url redis://… --url redlock://…` (three runs), on a 2-core machine with all servers
+//! local. On it, five connections cost more than one because their system calls and
+//! wake-ups take turns on two cores: a bare `PING` to five servers at once takes
+//! 1.7–3.5× a `PING` to one, about the ratio RedLock shows. The library adds nothing to the
+//! commands themselves: its p50 is 0.85–0.93× the raw baseline's (it stops waiting at the
 //! quorum; the raw baseline waits for all five). With the masters on hosts of their own,
 //! a fan-out costs about the slowest round trip of the quorum.
 //!
