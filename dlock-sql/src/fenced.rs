@@ -26,7 +26,7 @@
 
 use crate::config::Dialect;
 use crate::error::SqlError;
-use crate::rowlock::{check_ident, placeholder};
+use crate::rowlock::{check_ident, guarded_update, GuardSet};
 
 /// A table whose rows carry the highest fencing token that wrote them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,21 +49,7 @@ impl FencedTable {
     /// `dialect`'s placeholders. Bind the new values of `columns` in order, then the token,
     /// then the key, then the token again.
     pub fn update_sql(&self, dialect: Dialect, columns: &[&str]) -> String {
-        let mut n = 0;
-        let mut next = || {
-            n += 1;
-            placeholder(dialect, n)
-        };
-        let mut set: Vec<String> = columns.iter().map(|c| format!("{c} = {}", next())).collect();
-        set.push(format!("{} = {}", self.fence_column, next()));
-        let (key, token) = (next(), next());
-        format!(
-            "UPDATE {} SET {} WHERE {} = {key} AND {} <= {token}",
-            self.table,
-            set.join(", "),
-            self.key_column,
-            self.fence_column
-        )
+        guarded_update(dialect, &self.table, columns, GuardSet::Bind(&self.fence_column), &self.key_column, "<=")
     }
 }
 

@@ -31,7 +31,7 @@ use dlock_core::Backoff;
 
 use crate::config::Dialect;
 use crate::error::SqlError;
-use crate::rowlock::{check_ident, placeholder};
+use crate::rowlock::{check_ident, guarded_update, GuardSet};
 
 /// How often and how patiently to retry a conflicting optimistic update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,21 +108,7 @@ impl VersionedTable {
     /// then the id, then the version that was read. Column names are not checked here:
     /// pass plain identifiers.
     pub fn update_sql(&self, dialect: Dialect, columns: &[&str]) -> String {
-        let mut n = 0;
-        let mut next = || {
-            n += 1;
-            placeholder(dialect, n)
-        };
-        let mut set: Vec<String> = columns.iter().map(|c| format!("{c} = {}", next())).collect();
-        set.push(format!("{v} = {v} + 1", v = self.version_column));
-        let (id, version) = (next(), next());
-        format!(
-            "UPDATE {} SET {} WHERE {} = {id} AND {} = {version}",
-            self.table,
-            set.join(", "),
-            self.id_column,
-            self.version_column
-        )
+        guarded_update(dialect, &self.table, columns, GuardSet::Increment(&self.version_column), &self.id_column, "=")
     }
 }
 

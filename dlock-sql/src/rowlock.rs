@@ -103,6 +103,45 @@ pub(crate) fn check_ident(what: &str, ident: &str) -> Result<(), SqlError> {
 }
 
 /// The placeholder of parameter `n` (1-based) in `dialect`.
+/// How a guarded update changes its guard column.
+pub(crate) enum GuardSet<'a> {
+    /// `<column> = ?`, bound after the other new values.
+    Bind(&'a str),
+    /// `<column> = <column> + 1`.
+    Increment(&'a str),
+}
+
+/// `UPDATE <table> SET <c1> = ?, …, <guard set> WHERE <key> = ? AND <guard column> <op> ?`,
+/// with `dialect`'s placeholders numbered in binding order: the columns' new values, the
+/// guard's new value (for [`GuardSet::Bind`]), the key, the guard's expected value.
+pub(crate) fn guarded_update(
+    dialect: Dialect,
+    table: &str,
+    columns: &[&str],
+    guard: GuardSet<'_>,
+    key_column: &str,
+    op: &str,
+) -> String {
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        placeholder(dialect, n)
+    };
+    let mut set: Vec<String> = columns.iter().map(|c| format!("{c} = {}", next())).collect();
+    let guard_column = match guard {
+        GuardSet::Bind(column) => {
+            set.push(format!("{column} = {}", next()));
+            column
+        }
+        GuardSet::Increment(column) => {
+            set.push(format!("{column} = {column} + 1"));
+            column
+        }
+    };
+    let (key, expected) = (next(), next());
+    format!("UPDATE {table} SET {} WHERE {key_column} = {key} AND {guard_column} {op} {expected}", set.join(", "))
+}
+
 pub(crate) fn placeholder(dialect: Dialect, n: usize) -> String {
     match dialect {
         Dialect::Postgres => format!("${n}"),
