@@ -33,6 +33,12 @@ pub struct FaultyClient {
     pub link: Box<dyn Link>,
 }
 
+impl std::fmt::Debug for FaultyClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyClient").finish_non_exhaustive()
+    }
+}
+
 /// What the suite needs from a backend's test setup beyond plain clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Needs {

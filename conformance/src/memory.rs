@@ -15,6 +15,12 @@ pub struct MemoryFixture {
     store: MemoryStore,
 }
 
+impl std::fmt::Debug for MemoryFixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryFixture").finish_non_exhaustive()
+    }
+}
+
 impl MemoryFixture {
     /// A fixture over a fresh store.
     pub fn new() -> Self {

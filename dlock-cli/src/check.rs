@@ -15,7 +15,7 @@ use crate::exit::Failure;
 use crate::{duration_arg, target};
 
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// The short ttl the time-based properties use; the backend must honour it.
     #[arg(long, default_value = "2s", value_parser = duration_arg)]
     ttl: Duration,
@@ -64,7 +64,7 @@ impl Fixture for Live {
     }
 }
 
-pub async fn check(url: Option<String>, args: CheckArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn check(url: Option<String>, args: CheckArgs) -> Result<ExitCode, Failure> {
     let url = target::resolve(url)?;
     // Connect once up front so that a bad URL or a dead server is one clear error.
     let probe = dlock::connect(&url).await?;

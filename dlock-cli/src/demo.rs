@@ -14,7 +14,7 @@ use dlock::{FencingToken, LockName, LockOptions, Locker};
 use crate::exit::{Failure, UNAVAILABLE};
 
 #[derive(Debug, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Buyers running at once, each with its own connection to the backend.
     #[arg(long, default_value_t = 8)]
     buyers: usize,
@@ -51,7 +51,7 @@ impl Stock {
     }
 }
 
-pub async fn demo(url: Option<String>, args: DemoArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn demo(url: Option<String>, args: DemoArgs) -> Result<ExitCode, Failure> {
     // A fresh database of its own unless told otherwise, so the demo never meets real locks.
     let scratch = tempfile::Builder::new()
         .prefix("dlock-demo-")

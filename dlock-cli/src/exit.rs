@@ -5,27 +5,27 @@ use std::process::ExitCode;
 use dlock::LockError;
 
 /// Bad arguments or URL, or a backend not compiled in.
-pub const USAGE: u8 = 64;
+pub(crate) const USAGE: u8 = 64;
 /// The backend could not be reached or failed.
-pub const UNAVAILABLE: u8 = 69;
+pub(crate) const UNAVAILABLE: u8 = 69;
 /// The lock was not acquired within `--wait`.
-pub const TEMPFAIL: u8 = 75;
+pub(crate) const TEMPFAIL: u8 = 75;
 /// The lease was lost while the command ran.
-pub const LOST: u8 = 76;
+pub(crate) const LOST: u8 = 76;
 
 /// A failure of the command itself: its message and exit code.
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub code: u8,
     pub message: String,
 }
 
 impl Failure {
-    pub fn new(code: u8, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {
         Failure { code, message: message.into() }
     }
 
-    pub fn report(self) -> ExitCode {
+    pub(crate) fn report(self) -> ExitCode {
         eprintln!("dlock: {}", self.message);
         ExitCode::from(self.code)
     }

@@ -9,12 +9,12 @@ use crate::exit::Failure;
 use crate::target;
 
 #[derive(Debug, Args)]
-pub struct InspectArgs {
+pub(crate) struct InspectArgs {
     /// The lock's name.
     name: String,
 }
 
-pub async fn inspect(url: Option<String>, args: InspectArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn inspect(url: Option<String>, args: InspectArgs) -> Result<ExitCode, Failure> {
     let url = target::resolve(url)?;
     let name = LockName::new(&args.name)?;
     let locker = dlock::connect(&url).await?;

@@ -17,7 +17,7 @@ use crate::{duration_arg, target};
 const GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// The lease ttl: the watchdog renews it every ttl/3 while the command runs.
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
     ttl: Duration,
@@ -41,7 +41,7 @@ fn wait_arg(text: &str) -> Result<Duration, String> {
     duration_arg(text)
 }
 
-pub async fn run(url: Option<String>, args: RunArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<ExitCode, Failure> {
     let url = target::resolve(url)?;
     let name = LockName::new(&args.name)?;
     let opts = if args.fixed { LockOptions::fixed(args.ttl) } else { LockOptions::watchdog(args.ttl) };

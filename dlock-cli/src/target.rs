@@ -6,7 +6,7 @@ use crate::exit::{Failure, UNAVAILABLE, USAGE};
 
 /// The URL to use: the one given (flag or environment), else a SQLite file in the
 /// user's data directory, created on first use.
-pub fn resolve(url: Option<String>) -> Result<String, Failure> {
+pub(crate) fn resolve(url: Option<String>) -> Result<String, Failure> {
     if let Some(url) = url.filter(|u| !u.trim().is_empty()) {
         return Ok(url);
     }
@@ -17,12 +17,12 @@ pub fn resolve(url: Option<String>) -> Result<String, Failure> {
 }
 
 /// `sqlite://<path>` (the file is created if missing).
-pub fn sqlite_url(path: PathBuf) -> String {
+pub(crate) fn sqlite_url(path: PathBuf) -> String {
     format!("sqlite://{}", path.display())
 }
 
 /// The one URL a command takes (only `bench` takes several).
-pub fn single(mut urls: Vec<String>) -> Result<Option<String>, Failure> {
+pub(crate) fn single(mut urls: Vec<String>) -> Result<Option<String>, Failure> {
     match urls.len() {
         0 | 1 => Ok(urls.pop()),
         _ => Err(Failure::new(USAGE, "this command takes one --url")),

@@ -53,6 +53,16 @@ pub struct Client<B: Backend> {
     inner: Arc<Inner<B>>,
 }
 
+impl<B: Backend> std::fmt::Debug for Client<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("backend", &self.inner.backend.name())
+            .field("id", &self.inner.id)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<B: Backend> Clone for Client<B> {
     fn clone(&self) -> Self {
         Client { inner: self.inner.clone() }

@@ -48,6 +48,12 @@ pub struct MemoryStore {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct Shared {
     locks: Mutex<HashMap<LockName, Slot>>,
@@ -165,10 +171,22 @@ pub struct MemoryBackend {
     link: Arc<AtomicU8>,
 }
 
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend").finish_non_exhaustive()
+    }
+}
+
 /// A switch on one [`MemoryBackend`]'s link, to play network faults in tests.
 #[derive(Clone)]
 pub struct MemoryLink {
     link: Arc<AtomicU8>,
+}
+
+impl std::fmt::Debug for MemoryLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLink").finish_non_exhaustive()
+    }
 }
 
 impl MemoryLink {
@@ -380,6 +398,12 @@ fn drop_ticket(slot: &mut Slot, ticket: &mut Option<MemoryTicket>) {
 /// The memory backend's raw baseline (see [`RawBaseline`]).
 pub struct MemoryBaseline {
     backend: MemoryBackend,
+}
+
+impl std::fmt::Debug for MemoryBaseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBaseline").finish_non_exhaustive()
+    }
 }
 
 #[async_trait]

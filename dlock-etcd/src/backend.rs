@@ -32,6 +32,12 @@ pub struct EtcdBackend {
     pub(crate) shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend").finish_non_exhaustive()
+    }
+}
+
 /// What the backend, its sessions and its background tasks share.
 pub(crate) struct Shared {
     pub(crate) cluster: Arc<Cluster>,

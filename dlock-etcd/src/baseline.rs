@@ -26,6 +26,12 @@ pub struct EtcdBaseline {
     seq: AtomicU64,
 }
 
+impl std::fmt::Debug for EtcdBaseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBaseline").finish_non_exhaustive()
+    }
+}
+
 /// Connects as [`connect`](crate::connect) does and grants the baseline's lease (30 s,
 /// the default ttl).
 pub async fn raw_baseline(config: EtcdConfig) -> Result<EtcdBaseline, LockError> {

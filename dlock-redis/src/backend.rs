@@ -38,6 +38,12 @@ pub struct RedisBackend {
     replica_ack: Option<ReplicaAck>,
 }
 
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend").finish_non_exhaustive()
+    }
+}
+
 /// A granted hold: the lock's keys, the owner and the token, which renewals and the
 /// release check on the server.
 #[derive(Debug, Clone)]
@@ -119,17 +125,17 @@ fn not_acknowledged(acked: u32, ack: ReplicaAck) -> LockError {
 }
 
 /// The acquire script call for one owner.
-pub fn acquire_call(keys: &LockKeys, owner_field: &str, ttl_ms: u64) -> Invocation {
+pub(crate) fn acquire_call(keys: &LockKeys, owner_field: &str, ttl_ms: u64) -> Invocation {
     Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence]).arg(owner_field).arg(ttl_ms)
 }
 
 /// The renew script call for one hold.
-pub fn renew_call(keys: &LockKeys, owner_field: &str, token: u64, ttl_ms: u64) -> Invocation {
+pub(crate) fn renew_call(keys: &LockKeys, owner_field: &str, token: u64, ttl_ms: u64) -> Invocation {
     Invocation::new(&scripts().renew, &[&keys.hold]).arg(owner_field).arg(token).arg(ttl_ms)
 }
 
 /// The release script call for one hold.
-pub fn release_call(keys: &LockKeys, owner_field: &str, token: u64) -> Invocation {
+pub(crate) fn release_call(keys: &LockKeys, owner_field: &str, token: u64) -> Invocation {
     Invocation::new(&scripts().release, &[&keys.hold]).arg(owner_field).arg(token).arg(&keys.channel)
 }
 

@@ -22,6 +22,12 @@ pub struct RedisBaseline {
     replica_ack: Option<ReplicaAck>,
 }
 
+impl std::fmt::Debug for RedisBaseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBaseline").finish_non_exhaustive()
+    }
+}
+
 impl RedisBaseline {
     pub(crate) fn new(conn: RedisConnection, layout: KeyLayout, replica_ack: Option<ReplicaAck>) -> Self {
         RedisBaseline { conn, layout, replica_ack }

@@ -36,6 +36,17 @@ pub enum RedisConnection {
     Sentinel(SentinelConnection),
 }
 
+impl std::fmt::Debug for RedisConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisConnection::")?;
+        f.write_str(match self {
+            RedisConnection::Single(_) => "Single",
+            RedisConnection::Cluster(_) => "Cluster",
+            RedisConnection::Sentinel(_) => "Sentinel",
+        })
+    }
+}
+
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
@@ -90,6 +101,17 @@ pub enum NodeSource {
     Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
 }
 
+impl std::fmt::Debug for NodeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeSource::")?;
+        f.write_str(match self {
+            NodeSource::Single(_) => "Single",
+            NodeSource::Cluster(_) => "Cluster",
+            NodeSource::Sentinel(_) => "Sentinel",
+        })
+    }
+}
+
 impl NodeSource {
     /// A client for a node; `attempt` counts the failures so far, to rotate through
     /// Cluster seeds.
@@ -103,7 +125,7 @@ impl NodeSource {
 }
 
 /// A connected client's command connection and its source of pub/sub nodes.
-pub struct Connected {
+pub(crate) struct Connected {
     /// The command connection.
     pub commands: RedisConnection,
     /// Where pub/sub connections go.
@@ -112,7 +134,7 @@ pub struct Connected {
 
 /// Connects as `config` says, within its connect timeout, and loads the lock scripts.
 /// `Unavailable` when no server answers in time.
-pub async fn connect(config: &RedisConfig) -> Result<Connected, LockError> {
+pub(crate) async fn connect(config: &RedisConfig) -> Result<Connected, LockError> {
     config.validate()?;
     let ca = prepare_tls(config)?;
     let timeout = config.connect_timeout();
@@ -137,7 +159,7 @@ pub async fn connect(config: &RedisConfig) -> Result<Connected, LockError> {
 /// A connection to one server (`config` names a single server) that connects on its
 /// first command instead of now, and reconnects as [`connect`]'s does. Nothing is sent
 /// until then; the scripts are loaded on their first `NOSCRIPT`.
-pub fn connect_lazily(config: &RedisConfig) -> Result<Connected, LockError> {
+pub(crate) fn connect_lazily(config: &RedisConfig) -> Result<Connected, LockError> {
     config.validate()?;
     let Topology::Single(node) = config.topology() else {
         return Err(LockError::InvalidInput("a lazy connection is to one server".into()));
@@ -253,7 +275,7 @@ fn node_addr(node: &Node, tls: bool) -> ConnectionAddr {
 }
 
 /// The connection settings of one node: address, TLS, credentials, database.
-pub fn node_info(node: &Node, config: &RedisConfig) -> ConnectionInfo {
+pub(crate) fn node_info(node: &Node, config: &RedisConfig) -> ConnectionInfo {
     let mut redis = RedisConnectionInfo::default().set_db(config.db());
     if let Some(username) = config.username() {
         redis = redis.set_username(username);
@@ -282,6 +304,12 @@ fn describe(config: &RedisConfig) -> String {
 #[derive(Clone)]
 pub struct SentinelConnection {
     inner: Arc<SentinelInner>,
+}
+
+impl std::fmt::Debug for SentinelConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelConnection").finish_non_exhaustive()
+    }
 }
 
 struct SentinelInner {

@@ -6,7 +6,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 /// `Unavailable` for everything that says "the server cannot be reached or cannot serve
 /// writes right now" (so that callers and the renewal scheduler retry), `Backend` for
 /// the rest.
-pub fn to_lock_error(err: RedisError) -> LockError {
+pub(crate) fn to_lock_error(err: RedisError) -> LockError {
     if is_transient(&err) {
         LockError::Unavailable(format!("redis: {err}"))
     } else {
@@ -16,7 +16,7 @@ pub fn to_lock_error(err: RedisError) -> LockError {
 
 /// Whether the error is about reaching a server that can take writes, rather than
 /// about the request.
-pub fn is_transient(err: &RedisError) -> bool {
+pub(crate) fn is_transient(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()
@@ -39,7 +39,7 @@ pub fn is_transient(err: &RedisError) -> bool {
 
 /// Whether the error suggests that the server we talk to is no longer the master (or is
 /// gone), so that a Sentinel client should look the master up again.
-pub fn suggests_failover(err: &RedisError) -> bool {
+pub(crate) fn suggests_failover(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_dropped()
         || err.is_connection_refusal()

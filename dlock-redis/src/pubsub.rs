@@ -34,6 +34,12 @@ pub struct Subscriptions {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for Subscriptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriptions").finish_non_exhaustive()
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     requests: mpsc::UnboundedSender<Request>,

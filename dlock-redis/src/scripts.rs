@@ -146,6 +146,12 @@ pub struct Scripts {
     pub grant: Script,
 }
 
+impl std::fmt::Debug for Scripts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scripts").finish_non_exhaustive()
+    }
+}
+
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(ACQUIRE),
     renew: Script::new(RENEW),
@@ -180,6 +186,12 @@ impl Scripts {
 pub struct Invocation {
     script: &'static Script,
     cmd: Cmd,
+}
+
+impl std::fmt::Debug for Invocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invocation").finish_non_exhaustive()
+    }
 }
 
 impl Invocation {

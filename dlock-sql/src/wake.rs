@@ -32,7 +32,7 @@ pub(crate) struct Waker {
 
 /// A waiter's subscription to one lock name; dropping it unsubscribes.
 #[derive(Debug)]
-pub struct Subscription {
+pub(crate) struct Subscription {
     id: u64,
     name: String,
     notify: Arc<Notify>,

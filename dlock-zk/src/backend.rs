@@ -43,6 +43,12 @@ pub struct ZkBackend {
     next_hold: AtomicU64,
 }
 
+impl std::fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkBackend").finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct SessionSlot {
     live: Mutex<Option<Arc<Session>>>,

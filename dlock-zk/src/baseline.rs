@@ -19,6 +19,12 @@ pub struct ZkBaseline {
     owner: OwnerId,
 }
 
+impl std::fmt::Debug for ZkBaseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkBaseline").finish_non_exhaustive()
+    }
+}
+
 impl ZkBaseline {
     /// Opens a session with the default ttl as its timeout.
     pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {

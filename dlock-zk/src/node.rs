@@ -41,7 +41,7 @@ pub(crate) enum CountChange {
 }
 
 impl Node {
-    pub fn new(
+    pub(crate) fn new(
         name: LockName,
         owner: OwnerId,
         lock_path: String,
@@ -62,7 +62,7 @@ impl Node {
     }
 
     /// The node as something to delete.
-    pub fn unwanted(&self) -> Unwanted {
+    pub(crate) fn unwanted(&self) -> Unwanted {
         Unwanted { lock_path: self.lock_path.clone(), uuid: self.uuid.clone(), path: Some(self.path.clone()) }
     }
 
@@ -71,29 +71,29 @@ impl Node {
     }
 
     /// Why the node is lost, if it is.
-    pub fn lost(&self) -> Option<LostReason> {
+    pub(crate) fn lost(&self) -> Option<LostReason> {
         self.state().lost
     }
 
     /// Whether the node is still held: neither lost nor released.
-    pub fn is_live(&self) -> bool {
+    pub(crate) fn is_live(&self) -> bool {
         let state = self.state();
         state.lost.is_none() && !state.released
     }
 
     /// When the client deletes the node unless a renewal comes first.
-    pub fn expires_at(&self) -> Instant {
+    pub(crate) fn expires_at(&self) -> Instant {
         self.state().expires_at
     }
 
     /// Keeps the node at least until `until` (never shortening it).
-    pub fn extend(&self, until: Instant) {
+    pub(crate) fn extend(&self, until: Instant) {
         let mut state = self.state();
         state.expires_at = state.expires_at.max(until);
     }
 
     /// Marks the node lost and fires the lost signal of every lease on it (once).
-    pub fn fire(&self, reason: LostReason) {
+    pub(crate) fn fire(&self, reason: LostReason) {
         let signals = {
             let mut state = self.state();
             if state.lost.is_some() || state.released {
@@ -109,7 +109,7 @@ impl Node {
     }
 
     /// Adds the lost signal of lease `id`; fires it at once when the node is lost already.
-    pub fn watch(&self, id: u64, signal: LostSignal) {
+    pub(crate) fn watch(&self, id: u64, signal: LostSignal) {
         let lost = {
             let mut state = self.state();
             state.signals.retain(|(_, s)| !s.is_closed());
@@ -124,14 +124,14 @@ impl Node {
     }
 
     /// Forgets the lost signal of lease `id` (it is being released).
-    pub fn unwatch(&self, id: u64) {
+    pub(crate) fn unwatch(&self, id: u64) {
         self.state().signals.retain(|(sid, _)| *sid != id);
     }
 
     /// Takes one hold off the count (a lease's release) and, still under the node's lock,
     /// lets `send` issue the request that stores the change, so that concurrent changes
     /// reach the server in the order they were made.
-    pub fn leave<T>(&self, send: impl FnOnce(CountChange) -> T) -> T {
+    pub(crate) fn leave<T>(&self, send: impl FnOnce(CountChange) -> T) -> T {
         let mut state = self.state();
         if state.lost.is_some() || state.released {
             drop(state);
@@ -149,7 +149,7 @@ impl Node {
 
     /// Adds one hold to the count (a re-entrant acquire whose store succeeded), unless the
     /// node was lost or released meanwhile. Returns the new count.
-    pub fn enter(&self) -> Option<u32> {
+    pub(crate) fn enter(&self) -> Option<u32> {
         let mut state = self.state();
         if state.lost.is_some() || state.released {
             return None;
@@ -160,7 +160,7 @@ impl Node {
 
     /// Lets `send` store the current hold count, under the node's lock, unless the node is
     /// lost or released.
-    pub fn with_count<T>(&self, send: impl FnOnce(u32) -> T) -> Option<T> {
+    pub(crate) fn with_count<T>(&self, send: impl FnOnce(u32) -> T) -> Option<T> {
         let state = self.state();
         (state.lost.is_none() && !state.released).then(|| send(state.count))
     }

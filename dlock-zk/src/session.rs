@@ -108,7 +108,7 @@ impl Drop for Session {
 impl Session {
     /// Opens a session whose requested timeout is `ttl` (rounded up to whole
     /// milliseconds; the server may clamp it) and starts its monitor.
-    pub async fn open(settings: Arc<Settings>, ttl: Duration) -> Result<Arc<Session>, LockError> {
+    pub(crate) async fn open(settings: Arc<Settings>, ttl: Duration) -> Result<Arc<Session>, LockError> {
         let requested = session_timeout_for(ttl);
         let mut connector = zk::Client::connector().with_session_timeout(requested).with_fail_eagerly();
         if let Some(auth) = settings.config.digest_auth() {
@@ -150,12 +150,12 @@ impl Session {
         Ok(session)
     }
 
-    pub fn client(&self) -> &zk::Client {
+    pub(crate) fn client(&self) -> &zk::Client {
         &self.client
     }
 
     /// The session timeout the server granted.
-    pub fn negotiated(&self) -> Duration {
+    pub(crate) fn negotiated(&self) -> Duration {
         self.negotiated
     }
 
@@ -165,7 +165,7 @@ impl Session {
 
     /// Whether the session has ended (expired, closed, authentication failed): nothing
     /// sent on it can succeed any more.
-    pub fn is_ended(&self) -> bool {
+    pub(crate) fn is_ended(&self) -> bool {
         self.client.state().is_terminated() || self.registry().ended.is_some()
     }
 
@@ -174,7 +174,7 @@ impl Session {
     }
 
     /// A request sent at `sent` was answered: the server has heard from us since.
-    pub fn confirm(&self, sent: Instant) {
+    pub(crate) fn confirm(&self, sent: Instant) {
         let nanos = sent.saturating_duration_since(self.origin).as_nanos().min(u64::MAX as u128) as u64;
         self.confirmed.fetch_max(nanos, Ordering::AcqRel);
     }
@@ -196,7 +196,7 @@ impl Session {
 
     /// The waiter's node became a hold. Refused (`false`) when the session has ended: the
     /// node went with it, and no lost signal could fire for it any more.
-    pub fn grant(&self, node: Arc<Node>) -> bool {
+    pub(crate) fn grant(&self, node: Arc<Node>) -> bool {
         {
             let mut registry = self.registry();
             if registry.ended.is_some() || self.client.state().is_terminated() {
@@ -212,14 +212,14 @@ impl Session {
     }
 
     /// The node `owner` holds on `name` through this session, if any is live.
-    pub fn held_by(&self, name: &LockName, owner: &OwnerId) -> Option<Arc<Node>> {
+    pub(crate) fn held_by(&self, name: &LockName, owner: &OwnerId) -> Option<Arc<Node>> {
         let registry = self.registry();
         let uuid = registry.owners.get(&(name.clone(), owner.clone()))?;
         registry.held.get(uuid).filter(|node| node.is_live()).cloned()
     }
 
     /// The node is no longer held (released, or lost): forget it.
-    pub fn forget(&self, node: &Node) {
+    pub(crate) fn forget(&self, node: &Node) {
         let mut registry = self.registry();
         if registry.held.get(&node.uuid).is_some_and(|held| std::ptr::eq(&**held, node)) {
             registry.held.remove(&node.uuid);
@@ -231,13 +231,13 @@ impl Session {
     }
 
     /// The node is gone or given up: forget it and fire its leases' lost signals.
-    pub fn lose(&self, node: &Node, reason: LostReason) {
+    pub(crate) fn lose(&self, node: &Node, reason: LostReason) {
         self.forget(node);
         node.fire(reason);
     }
 
     /// Hands a node to the monitor to delete (retrying while the session lives).
-    pub fn discard(&self, unwanted: Unwanted) {
+    pub(crate) fn discard(&self, unwanted: Unwanted) {
         {
             let mut registry = self.registry();
             if registry.ended.is_none() {
@@ -249,7 +249,7 @@ impl Session {
 
     /// Whether the node at `path` still exists: one check in the next batch of renewal
     /// checks, which shares a single round trip. `Unavailable` while disconnected.
-    pub async fn check(&self, path: &str) -> Result<bool, LockError> {
+    pub(crate) async fn check(&self, path: &str) -> Result<bool, LockError> {
         if !self.is_connected() {
             return Err(LockError::Unavailable(format!(
                 "ZooKeeper session {} is disconnected",

@@ -19,7 +19,7 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    pub fn new(config: ZkConfig) -> Self {
+    pub(crate) fn new(config: ZkConfig) -> Self {
         let acl = if config.digest_auth().is_some() {
             // The creator's identity may do everything, others may only look.
             vec![
@@ -32,11 +32,11 @@ impl Settings {
         Settings { config, acl, containers: AtomicBool::new(true) }
     }
 
-    pub fn acls(&self) -> zk::Acls<'_> {
+    pub(crate) fn acls(&self) -> zk::Acls<'_> {
         zk::Acls::new(&self.acl)
     }
 
-    pub fn op_timeout(&self) -> Duration {
+    pub(crate) fn op_timeout(&self) -> Duration {
         self.config.op_timeout()
     }
 }

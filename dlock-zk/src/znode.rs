@@ -27,7 +27,7 @@ pub(crate) struct Contender {
 
 impl Contender {
     /// Whether this node was created for the attempt with this uuid.
-    pub fn has_uuid(&self, uuid: &str) -> bool {
+    pub(crate) fn has_uuid(&self, uuid: &str) -> bool {
         uuid_of(&self.name) == Some(uuid)
     }
 }

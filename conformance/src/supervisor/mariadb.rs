@@ -1,7 +1,7 @@
 //! MariaDB servers on free loopback ports, each in its own copy of a cached data directory.
 //!
 //! `mariadb-install-db` is slow, so one template data directory is made per machine (see
-//! [`cached`](super::cached)) and copied for every server. The server runs as the current
+//! [`cached`](super::cached())) and copied for every server. The server runs as the current
 //! user (`--user=root` when that is root), with a passwordless `root` account reachable
 //! over TCP, small buffers, and commits written to the OS at every commit so that a kill -9
 //! loses nothing.

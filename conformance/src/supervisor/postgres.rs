@@ -1,7 +1,7 @@
 //! PostgreSQL servers on free loopback ports, each in its own copy of a cached data directory.
 //!
 //! `initdb` is slow, so one template data directory is made per machine (see
-//! [`cached`](super::cached)) and copied for every server. PostgreSQL refuses to run as
+//! [`cached`](super::cached())) and copied for every server. PostgreSQL refuses to run as
 //! root: when the tests run as root, `initdb` and `postgres` run as the `postgres` user
 //! (through `setpriv`, which also re-arms the parent-death signal that the change of user
 //! clears), and the data directories are handed to that user.

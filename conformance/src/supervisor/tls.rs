@@ -15,6 +15,12 @@ pub struct TestPki {
     dir: TempDir,
 }
 
+impl std::fmt::Debug for TestPki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestPki").finish_non_exhaustive()
+    }
+}
+
 impl TestPki {
     /// Makes the CA and both certificates.
     pub fn new(client_cn: &str) -> io::Result<Self> {

@@ -1,4 +1,4 @@
-//! `dlock bench`: the scenarios of DESIGN.md on every given backend, each beside a raw
+//! `dlock bench`: the scenarios of docs/design.md on every given backend, each beside a raw
 //! baseline of the same backend commands sent without the library, so that the
 //! library's overhead is a ratio measured in one run.
 
@@ -16,7 +16,7 @@ use crate::exit::Failure;
 use crate::{duration_arg, target};
 
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Which scenarios to run (repeatable); default: all.
     #[arg(long, value_enum)]
     scenario: Vec<Scenario>,
@@ -45,7 +45,7 @@ pub struct BenchArgs {
 
 /// A benchmark scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Scenario {
+pub(crate) enum Scenario {
     /// Uncontended acquire+release latency (p50/p99/p999).
     Uncontended,
     /// Disjoint-key acquire+release throughput at 1, 8, 64 tasks.
@@ -63,7 +63,7 @@ impl Scenario {
         [Scenario::Uncontended, Scenario::Throughput, Scenario::Handoff, Scenario::Fairness, Scenario::Renewal];
 }
 
-pub async fn bench(urls: Vec<String>, args: BenchArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn bench(urls: Vec<String>, args: BenchArgs) -> Result<ExitCode, Failure> {
     let urls = if urls.is_empty() { vec![target::resolve(None)?] } else { urls };
     let scenarios = if args.scenario.is_empty() { Scenario::ALL.to_vec() } else { args.scenario.clone() };
     let mut rows = Vec::new();

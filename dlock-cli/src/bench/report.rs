@@ -9,7 +9,7 @@ use crate::exit::{Failure, UNAVAILABLE};
 
 /// One measured point.
 #[derive(Debug, Clone, Serialize)]
-pub struct Row {
+pub(super) struct Row {
     /// The backend and its (redacted) URL.
     pub backend: String,
     /// The scenario.
@@ -36,7 +36,7 @@ fn number(value: f64) -> String {
     }
 }
 
-pub fn print_table(rows: &[Row]) {
+pub(super) fn print_table(rows: &[Row]) {
     println!(
         "\n{:<44} {:<12} {:<12} {:>12} {:>12} {:>11}  unit",
         "backend", "scenario", "point", "library", "raw", "library/raw"
@@ -56,7 +56,7 @@ pub fn print_table(rows: &[Row]) {
     }
 }
 
-pub fn write_files(dir: &Path, rows: &[Row]) -> Result<(), Failure> {
+pub(super) fn write_files(dir: &Path, rows: &[Row]) -> Result<(), Failure> {
     let fail = |e: std::io::Error| Failure::new(UNAVAILABLE, format!("cannot write to {}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(fail)?;
     let json = serde_json::to_string_pretty(rows).map_err(|e| Failure::new(UNAVAILABLE, e.to_string()))?;

@@ -13,7 +13,7 @@ use super::report::Row;
 use super::{BenchArgs, Scenario};
 use crate::exit::Failure;
 
-pub struct Bench<'a> {
+pub(super) struct Bench<'a> {
     pub url: String,
     pub backend: String,
     pub locker: Arc<dyn Locker>,
@@ -46,7 +46,7 @@ fn micros(d: Duration) -> u64 {
 }
 
 impl Bench<'_> {
-    pub async fn run(&self, scenario: Scenario) -> Result<Vec<Row>, Failure> {
+    pub(super) async fn run(&self, scenario: Scenario) -> Result<Vec<Row>, Failure> {
         Ok(match scenario {
             Scenario::Uncontended => self.uncontended().await?,
             Scenario::Throughput => self.throughput().await?,

@@ -17,10 +17,10 @@ use dlock_etcd::{EtcdConfig, EtcdLocker};
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 
 /// Operation timeout of the fixture's clients.
-pub const OP_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The suite's fixture over one etcd.
-pub struct EtcdFixture {
+pub(crate) struct EtcdFixture {
     server: Option<Mutex<EtcdServer>>,
     url: String,
     admin: EtcdLocker,
@@ -29,7 +29,7 @@ pub struct EtcdFixture {
 
 impl EtcdFixture {
     /// Starts a local etcd, or uses `DLOCK_TEST_ETCD_URL`.
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let (server, url) = match external_url("etcd") {
             Some(url) => (None, url),
             None => {
@@ -46,17 +46,17 @@ impl EtcdFixture {
     }
 
     /// The URL clients connect to.
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
     /// A client with the fixture's timeouts.
-    pub async fn locker(&self) -> EtcdLocker {
+    pub(crate) async fn locker(&self) -> EtcdLocker {
         dlock_etcd::connect(config(&self.url)).await.expect("connect")
     }
 
     /// The etcd client of the fixture's admin connection.
-    pub async fn etcd(&self) -> etcd_client::Client {
+    pub(crate) async fn etcd(&self) -> etcd_client::Client {
         self.admin.backend().etcd().await.expect("the admin client reaches etcd")
     }
 
@@ -69,7 +69,7 @@ impl EtcdFixture {
     }
 
     /// A client through a fault proxy, and the proxy.
-    pub async fn proxied(&self) -> (EtcdLocker, conformance::proxy::ProxyLink) {
+    pub(crate) async fn proxied(&self) -> (EtcdLocker, conformance::proxy::ProxyLink) {
         let proxy = FaultProxy::start(self.target()).await.expect("start the fault proxy");
         let link = proxy.link();
         let url = with_host(&self.url, &proxy.addr().to_string());
@@ -87,7 +87,7 @@ impl EtcdFixture {
 }
 
 /// The fixture's client configuration for a URL.
-pub fn config(url: &str) -> EtcdConfig {
+pub(crate) fn config(url: &str) -> EtcdConfig {
     EtcdConfig::from_url(url)
         .expect("etcd URL")
         .with_op_timeout(OP_TIMEOUT)

@@ -35,6 +35,12 @@ pub struct RedLockBackend {
     proposer: Proposer,
 }
 
+impl std::fmt::Debug for RedLockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedLockBackend").finish_non_exhaustive()
+    }
+}
+
 /// A granted hold: the lock's keys, the owner and the token every node checks on renewal
 /// and release.
 #[derive(Debug, Clone)]

@@ -30,6 +30,12 @@ pub struct RedLockBaseline {
     last: AtomicU64,
 }
 
+impl std::fmt::Debug for RedLockBaseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedLockBaseline").finish_non_exhaustive()
+    }
+}
+
 impl RedLockBaseline {
     pub(crate) fn new(nodes: Nodes, layout: KeyLayout, quorum: usize, source: TokenSource) -> Self {
         RedLockBaseline { nodes, layout, quorum, source, last: AtomicU64::new(0) }

@@ -2,8 +2,8 @@
 
 #![allow(dead_code)]
 
-pub mod monitor;
-pub mod redlock;
+pub(crate) mod monitor;
+pub(crate) mod redlock;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -18,15 +18,15 @@ use dlock_core::{LockError, LockName, Locker};
 use dlock_redis::{RedisConfig, Topology};
 
 /// Operation timeout of the fixture's clients.
-pub const OP_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Connect timeout of the fixture's clients: connecting (and loading the scripts) on a
 /// loaded machine can take longer than one operation.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A redis-server the fixture started (or an external one from `DLOCK_TEST_REDIS_URL`),
 /// and clients of it.
-pub struct RedisFixture {
+pub(crate) struct RedisFixture {
     server: Mutex<Option<RedisServer>>,
     config: RedisConfig,
     proxies: Mutex<Vec<FaultProxy>>,
@@ -38,7 +38,7 @@ pub struct RedisFixture {
 impl RedisFixture {
     /// A fixture over a fresh persistent server (AOF, fsync on every write, so that the
     /// fence counters survive a kill -9), or over `DLOCK_TEST_REDIS_URL` when set.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         if let Some(url) = external_url("redis") {
             let config = RedisConfig::from_url(&url).expect("DLOCK_TEST_REDIS_URL is a valid Redis URL");
             return RedisFixture {
@@ -60,7 +60,7 @@ impl RedisFixture {
     }
 
     /// The client configuration of the server.
-    pub fn config(&self) -> RedisConfig {
+    pub(crate) fn config(&self) -> RedisConfig {
         self.config.clone()
     }
 
@@ -87,7 +87,7 @@ impl RedisFixture {
     }
 
     /// A plain connection for admin commands.
-    pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn admin(&self) -> redis::aio::MultiplexedConnection {
         let node = match self.config.topology() {
             Topology::Single(node) => node.clone(),
             other => panic!("admin connection to {other:?}"),
@@ -112,7 +112,7 @@ impl Default for RedisFixture {
 }
 
 /// The fixture's client settings for a server at `addr`.
-pub fn client_config(addr: SocketAddr) -> RedisConfig {
+pub(crate) fn client_config(addr: SocketAddr) -> RedisConfig {
     timeouts(RedisConfig::single(addr.ip().to_string(), addr.port()))
 }
 

@@ -8,13 +8,13 @@ use futures::{Stream, StreamExt};
 /// One line of MONITOR output: who sent it (`lua` for a script's own calls) and the
 /// command with its arguments.
 #[derive(Debug, Clone)]
-pub struct Sent {
+pub(crate) struct Sent {
     pub source: String,
     pub args: Vec<String>,
 }
 
 impl Sent {
-    pub fn parse(line: &str) -> Option<Sent> {
+    pub(crate) fn parse(line: &str) -> Option<Sent> {
         let open = line.find('[')?;
         let close = open + line[open..].find(']')?;
         // "[0 127.0.0.1:4242]" or "[0 lua]"
@@ -23,23 +23,23 @@ impl Sent {
         Some(Sent { source, args })
     }
 
-    pub fn command(&self) -> String {
+    pub(crate) fn command(&self) -> String {
         self.args.first().map(|c| c.to_ascii_lowercase()).unwrap_or_default()
     }
 
-    pub fn is_script(&self, sha: &str) -> bool {
+    pub(crate) fn is_script(&self, sha: &str) -> bool {
         self.command() == "evalsha" && self.args.get(1).is_some_and(|a| a == sha)
     }
 }
 
 /// Everything sent to the server from now until [`Monitor::collect`].
-pub struct Monitor {
+pub(crate) struct Monitor {
     lines: std::pin::Pin<Box<dyn Stream<Item = String> + Send>>,
     admin: redis::aio::MultiplexedConnection,
 }
 
 impl Monitor {
-    pub async fn start(server: &RedisServer) -> Monitor {
+    pub(crate) async fn start(server: &RedisServer) -> Monitor {
         let client = redis::Client::open(server.url()).unwrap();
         let monitor = client.get_async_monitor().await.expect("MONITOR");
         let admin = client.get_multiplexed_async_connection().await.unwrap();
@@ -47,7 +47,7 @@ impl Monitor {
     }
 
     /// Sends a marker and returns what was sent before it, without the marker.
-    pub async fn collect(&mut self) -> Vec<Sent> {
+    pub(crate) async fn collect(&mut self) -> Vec<Sent> {
         let marker = format!("marker-{:016x}", fastrand::u64(..));
         let _: String = redis::cmd("ECHO").arg(&marker).query_async(&mut self.admin).await.unwrap();
         let mut sent = Vec::new();
@@ -65,6 +65,6 @@ impl Monitor {
     }
 }
 
-pub fn client_commands(sent: &[Sent]) -> Vec<&Sent> {
+pub(crate) fn client_commands(sent: &[Sent]) -> Vec<&Sent> {
     sent.iter().filter(|s| s.source != "lua").collect()
 }

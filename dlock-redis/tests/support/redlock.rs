@@ -16,19 +16,19 @@ use dlock_redis::Node;
 use super::CONNECT_TIMEOUT;
 
 /// How many masters the fixture starts.
-pub const MASTERS: usize = 5;
+pub(crate) const MASTERS: usize = 5;
 
 /// The operation timeout of the fixture's clients: twice the single server's, for five
 /// servers and their clients sharing a loaded 2-core machine running debug builds.
-pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The per-node timeout of the fixture's clients: a quarter of the operation timeout. A
 /// healthy node answers in microseconds; the room is for a starved test process, whose
 /// late answers would otherwise count as nodes that did not answer.
-pub const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+pub(crate) const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Independent masters the fixture started (or external ones), and clients of them.
-pub struct RedLockFixture {
+pub(crate) struct RedLockFixture {
     masters: Mutex<Option<RedisMasters>>,
     config: RedLockConfig,
     proxies: Mutex<Vec<FaultProxy>>,
@@ -40,12 +40,12 @@ pub struct RedLockFixture {
 impl RedLockFixture {
     /// A fixture over five fresh persistent servers (AOF, fsync on every write, so that
     /// holds and fence counters survive a kill -9), or over `DLOCK_TEST_REDLOCK_URL`.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_masters(MASTERS)
     }
 
     /// As [`new`](Self::new), with `count` masters.
-    pub fn with_masters(count: usize) -> Self {
+    pub(crate) fn with_masters(count: usize) -> Self {
         if let Some(url) = external_url("redlock") {
             let config = RedLockConfig::from_url(&url).expect("DLOCK_TEST_REDLOCK_URL is a valid RedLock URL");
             return RedLockFixture {
@@ -68,12 +68,12 @@ impl RedLockFixture {
     }
 
     /// The client configuration of the masters.
-    pub fn config(&self) -> RedLockConfig {
+    pub(crate) fn config(&self) -> RedLockConfig {
         self.config.clone()
     }
 
     /// Runs `f` on the masters the fixture started.
-    pub fn with_masters_mut<T>(&self, what: &str, f: impl FnOnce(&mut RedisMasters) -> T) -> T {
+    pub(crate) fn with_masters_mut<T>(&self, what: &str, f: impl FnOnce(&mut RedisMasters) -> T) -> T {
         let mut masters = self.masters.lock().unwrap();
         let masters = masters.as_mut().unwrap_or_else(|| {
             panic!("{what} needs redis-servers started by the tests; unset DLOCK_TEST_REDLOCK_URL to run it")
@@ -83,7 +83,7 @@ impl RedLockFixture {
 
     /// The client configuration with every node reached through a fault proxy of its
     /// own, and the proxies' links, in node order.
-    pub async fn proxied(&self) -> (RedLockConfig, Vec<ProxyLink>) {
+    pub(crate) async fn proxied(&self) -> (RedLockConfig, Vec<ProxyLink>) {
         let mut nodes = Vec::new();
         let mut links = Vec::new();
         for node in self.config.nodes() {
@@ -107,7 +107,7 @@ impl RedLockFixture {
     }
 
     /// A plain connection to node `index`, for admin commands.
-    pub async fn admin(&self, index: usize) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn admin(&self, index: usize) -> redis::aio::MultiplexedConnection {
         let node = &self.config.nodes()[index];
         let mut info = redis::RedisConnectionInfo::default().set_db(self.config.db());
         if let Some(user) = self.config.username() {
@@ -129,7 +129,7 @@ impl Default for RedLockFixture {
 }
 
 /// The fixture's client settings for masters at these addresses.
-pub fn config_for(nodes: &[Node]) -> RedLockConfig {
+pub(crate) fn config_for(nodes: &[Node]) -> RedLockConfig {
     timeouts(RedLockConfig::new(nodes.to_vec()))
 }
 
@@ -138,7 +138,7 @@ fn timeouts(config: RedLockConfig) -> RedLockConfig {
 }
 
 /// One switch over the links to every node.
-pub struct Links(pub Vec<ProxyLink>);
+pub(crate) struct Links(pub Vec<ProxyLink>);
 
 impl Link for Links {
     fn cut(&self) {

@@ -26,7 +26,7 @@ use dlock_sql::{Dialect, SqlConfig, SqlLink, SqlLocker};
 
 /// Which database a fixture runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Postgres,
     MariaDb,
     Sqlite,
@@ -38,7 +38,7 @@ enum Server {
 }
 
 /// A database under test and the means to hurt it.
-pub struct SqlFixture {
+pub(crate) struct SqlFixture {
     db: Kind,
     url: String,
     addr: Option<SocketAddr>,
@@ -51,17 +51,17 @@ pub struct SqlFixture {
 
 /// Short, but not so short that a statement on a machine shared with other test runs
 /// times out.
-pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Opening a connection to a server that is starting up on a loaded machine can take a
 /// while; a lock operation may not.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Room for the many sessions the advisory tests open.
 const MAX_CONNECTIONS: u32 = 1200;
 
 impl SqlFixture {
-    pub async fn new(db: Kind) -> Self {
+    pub(crate) async fn new(db: Kind) -> Self {
         let (url, addr, server, dir) = match db {
             Kind::Postgres | Kind::MariaDb => {
                 let kind = if db == Kind::Postgres { "postgres" } else { "mysql" };
@@ -116,11 +116,11 @@ impl SqlFixture {
         }
     }
 
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
-    pub fn dialect(&self) -> Dialect {
+    pub(crate) fn dialect(&self) -> Dialect {
         match self.db {
             Kind::Postgres => Dialect::Postgres,
             Kind::MariaDb => Dialect::MySql,
@@ -128,18 +128,18 @@ impl SqlFixture {
         }
     }
 
-    pub fn admin(&self) -> &SqlLocker {
+    pub(crate) fn admin(&self) -> &SqlLocker {
         &self.admin
     }
 
-    pub async fn lease_client(&self) -> SqlLocker {
+    pub(crate) async fn lease_client(&self) -> SqlLocker {
         let client = dlock_sql::connect(config(&self.url)).await.expect("connect a client");
         self.links.lock().unwrap().push(client.backend().link());
         client
     }
 
     /// A URL to the server through a new fault proxy, and the proxy's link.
-    pub async fn proxied_url(&self) -> (String, Box<dyn Link>) {
+    pub(crate) async fn proxied_url(&self) -> (String, Box<dyn Link>) {
         let addr = self.addr.expect("a server address");
         let proxy = FaultProxy::start(addr).await.expect("start a fault proxy");
         let url = self.url.replacen(&addr.to_string(), &proxy.addr().to_string(), 1);
@@ -148,14 +148,14 @@ impl SqlFixture {
         (url, link)
     }
 
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         match self.server.lock().unwrap().as_mut().expect("a local server (not DLOCK_TEST_*_URL)") {
             Server::Postgres(s) => s.kill(),
             Server::MariaDb(s) => s.kill(),
         }
     }
 
-    pub fn start_again(&self) {
+    pub(crate) fn start_again(&self) {
         match self.server.lock().unwrap().as_mut().expect("a local server (not DLOCK_TEST_*_URL)") {
             Server::Postgres(s) => s.start_again(),
             Server::MariaDb(s) => s.start_again(),
@@ -163,7 +163,7 @@ impl SqlFixture {
         .expect("restart the database server");
     }
 
-    pub fn cut_all(&self, cut: bool) {
+    pub(crate) fn cut_all(&self, cut: bool) {
         for link in self.links.lock().unwrap().iter() {
             if cut {
                 link.cut();
@@ -173,7 +173,7 @@ impl SqlFixture {
         }
     }
 
-    pub async fn lease_faulty(&self) -> FaultyClient {
+    pub(crate) async fn lease_faulty(&self) -> FaultyClient {
         if self.db == Kind::Sqlite {
             let client = self.lease_client().await;
             let link = client.backend().link();
@@ -184,7 +184,7 @@ impl SqlFixture {
         FaultyClient { locker: Arc::new(client), link }
     }
 
-    pub fn unreachable_url(&self) -> String {
+    pub(crate) fn unreachable_url(&self) -> String {
         match self.db {
             Kind::Sqlite => "sqlite:///nonexistent-dlock-dir/for/sure/locks.db".to_string(),
             Kind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", free_port().expect("port")),
@@ -194,7 +194,7 @@ impl SqlFixture {
 }
 
 /// The fixtures' client settings: short operation and connect timeouts.
-pub fn config(url: &str) -> SqlConfig {
+pub(crate) fn config(url: &str) -> SqlConfig {
     SqlConfig::from_url(url).expect("url").op_timeout(OP_TIMEOUT).connect_timeout(CONNECT_TIMEOUT).pool_size(10)
 }
 
@@ -221,10 +221,10 @@ impl Link for SqliteLink {
 }
 
 /// The lease-table locker on one database.
-pub struct LeaseFixture(pub SqlFixture);
+pub(crate) struct LeaseFixture(pub SqlFixture);
 
 impl LeaseFixture {
-    pub async fn new(db: Kind) -> Self {
+    pub(crate) async fn new(db: Kind) -> Self {
         LeaseFixture(SqlFixture::new(db).await)
     }
 }
@@ -271,15 +271,15 @@ impl Fixture for LeaseFixture {
 
 /// The advisory clients' settings: an acquire may open a session, which on PostgreSQL
 /// starts a server process; on a loaded machine that takes longer than a statement.
-pub fn advisory_config(url: &str) -> SqlConfig {
+pub(crate) fn advisory_config(url: &str) -> SqlConfig {
     config(url).op_timeout(Duration::from_secs(4))
 }
 
 /// The advisory-lock locker on one database.
-pub struct AdvisoryFixture(pub SqlFixture);
+pub(crate) struct AdvisoryFixture(pub SqlFixture);
 
 impl AdvisoryFixture {
-    pub async fn new(db: Kind) -> Self {
+    pub(crate) async fn new(db: Kind) -> Self {
         AdvisoryFixture(SqlFixture::new(db).await)
     }
 }

@@ -18,17 +18,17 @@ use dlock_zk::{ZkConfig, ZkLocker};
 use zookeeper_client as zk;
 
 /// The lease ttl of the tests: the session timeout of their locks.
-pub const TTL: Duration = Duration::from_secs(3);
+pub(crate) const TTL: Duration = Duration::from_secs(3);
 
 /// Slack on every time bound.
-pub const MARGIN: Duration = Duration::from_secs(3);
+pub(crate) const MARGIN: Duration = Duration::from_secs(3);
 
 /// The operation timeout of the tests' clients: a freshly started server's first writes
 /// (its JIT still warming up) can take a second on a loaded machine.
-pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A ZooKeeper under test.
-pub struct ZkFixture {
+pub(crate) struct ZkFixture {
     server: Option<Mutex<ZooKeeperServer>>,
     config: ZkConfig,
     proxies: Mutex<Vec<Arc<FaultProxy>>>,
@@ -36,7 +36,7 @@ pub struct ZkFixture {
 
 impl ZkFixture {
     /// A fixture over a fresh standalone server, or over `DLOCK_TEST_ZOOKEEPER_URL`.
-    pub async fn standalone() -> Self {
+    pub(crate) async fn standalone() -> Self {
         if let Some(url) = external_url("zookeeper") {
             let config = ZkConfig::from_url(&url).expect("DLOCK_TEST_ZOOKEEPER_URL is a zk:// URL");
             return ZkFixture { server: None, config: client_config(config), proxies: Mutex::new(Vec::new()) };
@@ -46,7 +46,7 @@ impl ZkFixture {
 
     /// A fixture over a fresh local standalone server with these settings (always local:
     /// the test depends on them).
-    pub async fn with_server_config(server_config: ZooKeeperConfig) -> Self {
+    pub(crate) async fn with_server_config(server_config: ZooKeeperConfig) -> Self {
         let server = tokio::task::block_in_place(|| ZooKeeperServer::start_with(&server_config))
             .expect("start a standalone ZooKeeper (run scripts/install-backends)");
         let config = ZkConfig::from_url(&server.url()).expect("the server's URL");
@@ -54,12 +54,12 @@ impl ZkFixture {
     }
 
     /// The configuration of the fixture's clients.
-    pub fn config(&self) -> &ZkConfig {
+    pub(crate) fn config(&self) -> &ZkConfig {
         &self.config
     }
 
     /// The server's client address (the first member's, for an external ensemble).
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         let host = &self.config.hosts()[0];
         (host.host.as_str(), host.port)
             .to_socket_addrs()
@@ -69,20 +69,20 @@ impl ZkFixture {
     }
 
     /// A client with the fixture's settings.
-    pub async fn zk_client(&self) -> ZkLocker {
+    pub(crate) async fn zk_client(&self) -> ZkLocker {
         dlock_zk::connect(self.config.clone()).await.expect("connect to the test ZooKeeper")
     }
 
     /// A client connected through a new fault proxy, and the proxy itself (kept alive
     /// by the caller; dropping it cuts the client off).
-    pub async fn fault_proxied_client(&self) -> (ZkLocker, Arc<FaultProxy>) {
+    pub(crate) async fn fault_proxied_client(&self) -> (ZkLocker, Arc<FaultProxy>) {
         let proxy = FaultProxy::start(self.addr()).await.expect("start a fault proxy");
         let config = self.config.clone().with_hosts(&proxy.addr().to_string()).expect("proxy config");
         (dlock_zk::connect(config).await.expect("connect through the proxy"), Arc::new(proxy))
     }
 
     /// A client connected through a new fault proxy that the fixture keeps, and its link.
-    pub async fn proxied_client(&self) -> (ZkLocker, conformance::proxy::ProxyLink) {
+    pub(crate) async fn proxied_client(&self) -> (ZkLocker, conformance::proxy::ProxyLink) {
         let (client, proxy) = self.fault_proxied_client().await;
         let link = proxy.link();
         self.proxies.lock().unwrap().push(proxy);
@@ -90,7 +90,7 @@ impl ZkFixture {
     }
 
     /// A plain ZooKeeper session, as an operator's tool would open.
-    pub async fn admin(&self) -> zk::Client {
+    pub(crate) async fn admin(&self) -> zk::Client {
         let mut connector = zk::Client::connector().with_session_timeout(Duration::from_secs(30));
         if let (Some(user), Some(password)) = (self.config.digest_user(), self.config.digest_password()) {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
@@ -99,7 +99,7 @@ impl ZkFixture {
     }
 
     /// The server, for kill and restart.
-    pub fn with_server<T>(&self, f: impl FnOnce(&mut ZooKeeperServer) -> T) -> T {
+    pub(crate) fn with_server<T>(&self, f: impl FnOnce(&mut ZooKeeperServer) -> T) -> T {
         let server = self
             .server
             .as_ref()
@@ -114,7 +114,7 @@ fn client_config(config: ZkConfig) -> ZkConfig {
 }
 
 /// The children of a lock's znode in queue order.
-pub async fn queue(admin: &zk::Client, lock_path: &str) -> Vec<String> {
+pub(crate) async fn queue(admin: &zk::Client, lock_path: &str) -> Vec<String> {
     let mut children = match admin.list_children(lock_path).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => return Vec::new(),
