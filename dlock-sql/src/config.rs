@@ -304,16 +304,47 @@ fn server_url(scheme: &str, rest: &str) -> Result<Target, LockError> {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "postgres")]
     #[test]
-    fn parses_each_scheme() {
+    fn parses_postgres_urls() {
         let pg = SqlConfig::from_url("postgresql://u:p@h:5/db?connect_timeout=1s").unwrap();
         assert_eq!(pg.target, Target::Server("postgres://u:p@h:5/db".into()));
         assert_eq!(pg.connect_timeout, Duration::from_secs(1));
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn parses_mysql_urls() {
         let my = SqlConfig::from_url("mariadb://root@127.0.0.1:3306/x?lock=advisory").unwrap();
         assert_eq!((my.dialect, my.kind), (Dialect::MySql, LockKind::Advisory));
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn parses_sqlite_urls() {
         assert_eq!(SqlConfig::from_url("sqlite::memory:").unwrap().target, Target::Memory);
         assert_eq!(SqlConfig::from_url("sqlite://a/b.db").unwrap().target, Target::File("a/b.db".into()));
         assert_eq!(SqlConfig::from_url("sqlite:///a/b.db").unwrap().target, Target::File("/a/b.db".into()));
+    }
+
+    #[test]
+    fn a_database_not_built_in_names_its_feature() {
+        for (url, feature) in
+            [("postgres://h/db", "postgres"), ("mysql://h/db", "mysql"), ("sqlite::memory:", "sqlite")]
+        {
+            let built = match feature {
+                "postgres" => cfg!(feature = "postgres"),
+                "mysql" => cfg!(feature = "mysql"),
+                _ => cfg!(feature = "sqlite"),
+            };
+            match SqlConfig::from_url(url) {
+                Ok(_) => assert!(built, "{url} was accepted without the {feature} feature"),
+                Err(LockError::InvalidInput(why)) => {
+                    assert!(!built && why.contains(feature), "{url}: {why}");
+                }
+                Err(other) => panic!("{url}: {other}"),
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use dlock_core::{LockError, LockName, LockOptions};
 use dlock_sql::SqlConfig;
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn in_memory_sqlite_locks() {
     let locker = dlock_sql::connect_any(SqlConfig::from_url("sqlite::memory:").unwrap()).await.expect("connect");
@@ -22,11 +23,17 @@ async fn in_memory_sqlite_locks() {
 #[tokio::test]
 async fn unreachable_databases_are_unavailable_in_time() {
     let port = conformance::supervisor::free_port().unwrap();
-    for url in [
-        "sqlite:///nonexistent-dlock-dir/locks.db".to_string(),
-        format!("postgres://postgres@127.0.0.1:{port}/postgres?connect_timeout=500ms"),
-        format!("mysql://root@127.0.0.1:{port}/dlock?connect_timeout=500ms"),
-    ] {
+    let mut urls = Vec::new();
+    if cfg!(feature = "sqlite") {
+        urls.push("sqlite:///nonexistent-dlock-dir/locks.db".to_string());
+    }
+    if cfg!(feature = "postgres") {
+        urls.push(format!("postgres://postgres@127.0.0.1:{port}/postgres?connect_timeout=500ms"));
+    }
+    if cfg!(feature = "mysql") {
+        urls.push(format!("mysql://root@127.0.0.1:{port}/dlock?connect_timeout=500ms"));
+    }
+    for url in urls {
         let started = Instant::now();
         let outcome = dlock_sql::connect_any(SqlConfig::from_url(&url).unwrap()).await.map(drop);
         assert!(matches!(outcome, Err(LockError::Unavailable(_))), "{url}: {outcome:?}");
@@ -34,9 +41,15 @@ async fn unreachable_databases_are_unavailable_in_time() {
     }
 }
 
+#[cfg(feature = "sqlite")]
 #[test]
 fn advisory_needs_a_server() {
     assert!(matches!(SqlConfig::from_url("sqlite://x.db?lock=advisory"), Err(LockError::InvalidInput(_))));
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn advisory_is_chosen_by_the_url() {
     let config = SqlConfig::from_url("postgres://u@h/db?lock=advisory&pool_size=3&create_table=false").unwrap();
     assert_eq!(config.get_lock_kind(), dlock_sql::LockKind::Advisory);
     assert_eq!(config.get_pool_size(), 3);
