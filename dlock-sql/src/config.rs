@@ -329,14 +329,11 @@ mod tests {
 
     #[test]
     fn a_database_not_built_in_names_its_feature() {
-        for (url, feature) in
-            [("postgres://h/db", "postgres"), ("mysql://h/db", "mysql"), ("sqlite::memory:", "sqlite")]
-        {
-            let built = match feature {
-                "postgres" => cfg!(feature = "postgres"),
-                "mysql" => cfg!(feature = "mysql"),
-                _ => cfg!(feature = "sqlite"),
-            };
+        for (url, feature, built) in [
+            ("postgres://h/db", "postgres", cfg!(feature = "postgres")),
+            ("mysql://h/db", "mysql", cfg!(feature = "mysql")),
+            ("sqlite::memory:", "sqlite", cfg!(feature = "sqlite")),
+        ] {
             match SqlConfig::from_url(url) {
                 Ok(_) => assert!(built, "{url} was accepted without the {feature} feature"),
                 Err(LockError::InvalidInput(why)) => {
