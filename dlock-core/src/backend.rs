@@ -1,31 +1,68 @@
-//! What a backend implements. [`Client`](crate::Client) turns a [`Backend`] into a
+//! What a backend implements. [`Client`] turns a [`Backend`] into a
 //! [`Locker`](crate::Locker) and supplies everything the backends share: validation, the
-//! wait loop, cancellation safety, operation timeouts, the renewal scheduler, the lost
-//! signal, tracing and statistics.
+//! wait loop, cancellation safety, operation timeouts, giving back the grants of attempts
+//! whose outcome is unknown, the renewal scheduler (which batches the renewals that are
+//! due together), the lost signal, tracing and statistics.
+//!
+//! This module is for people writing a backend; users of locks need none of it.
 
-use std::time::{Duration, Instant};
+use std::fmt;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
-use crate::error::{LockError, LostReason};
-use crate::lease::LostSignal;
-use crate::locker::{Capabilities, LockInfo};
+use crate::error::LockError;
+use crate::info::{Capabilities, LockInfo};
 use crate::name::{LockName, OwnerId};
 use crate::options::LeaseMode;
-use crate::token::FencingToken;
+
+pub use crate::client::{Client, ClientConfig};
+pub use crate::outcome::{Attempt, Release, Renewal};
+pub use crate::state::LostSignal;
+
+/// Names one acquire call, unique across clients and processes (`<client id>:<n>`).
+///
+/// A backend that can be left unsure whether an attempt was applied records the id with
+/// the grant, so that [`Backend::give_back`] undoes exactly that grant and nothing else
+/// (with an explicit owner, the same owner may hold the lock through other grants).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(String);
+
+impl RequestId {
+    pub(crate) fn new(client: &str, n: u64) -> Self {
+        RequestId(format!("{client}:{n}"))
+    }
+
+    /// The id as text (ASCII letters, digits and `:`; at most 53 bytes).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// One acquisition as the backend sees it.
 #[derive(Debug, Clone)]
 pub struct Request {
     /// The lock.
     pub name: LockName,
-    /// Who acquires: the caller's explicit owner, or a fresh one per acquire.
+    /// Who acquires: the caller's explicit owner, or a fresh one per acquire (then equal
+    /// to the request id, so it is never shared).
     pub owner: OwnerId,
+    /// This acquire call; see [`RequestId`].
+    pub id: RequestId,
     /// The lease mode; its ttl is how long the backend keeps the hold without renewal.
     pub mode: LeaseMode,
     /// `false` for `try_acquire`: the backend need not queue the request.
     pub blocking: bool,
-    /// Whether the caller demanded FIFO order.
+    /// Whether the caller demanded FIFO order. The client has already refused it on a
+    /// backend without the `fifo` capability; a backend that offers both orders reads it.
     pub fair: bool,
 }
 
@@ -35,52 +72,21 @@ impl Request {
     pub fn ttl(&self) -> Duration {
         self.mode.ttl()
     }
-}
 
-/// The outcome of one acquisition attempt.
-#[derive(Debug)]
-pub enum Attempt<H> {
-    /// The lock is ours.
-    Granted {
-        /// Whatever the backend needs to renew and release this hold.
-        hold: H,
-        /// The fencing token of the hold.
-        token: FencingToken,
-    },
-    /// Someone else holds it (or is ahead in the queue).
-    Busy {
-        /// When to look again if no notification comes: the current hold's remaining
-        /// ttl where the backend knows it. `None` means "only when notified" on
-        /// notifying backends, and "after the backoff delay" on polling ones.
-        retry_after: Option<Duration>,
-    },
-}
-
-/// The outcome of a renewal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Renewal {
-    /// The hold now lasts at least the requested ttl from when the renewal was sent.
-    Renewed,
-    /// The hold is gone; the reason says how (`Expired` when nobody holds it,
-    /// `Stolen` when someone else does).
-    Lost(LostReason),
-}
-
-/// The outcome of a release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Release {
-    /// One hold was released (the lock is free when the owner held it once).
-    Released,
-    /// The hold was not ours any more; nothing was changed.
-    NotHeld,
+    /// Whether the owner is this request's own (no explicit owner was given), so a hold of
+    /// this owner can only have come from this request.
+    pub fn owner_is_fresh(&self) -> bool {
+        self.owner.as_str() == self.id.as_str()
+    }
 }
 
 /// The atomic operations of one backend, and its wake-up mechanism.
 ///
-/// Every method must complete or fail on its own: the client wraps `attempt`, `renew`,
-/// `release`, `inspect` and `abandon` in its operation timeout (turning an overrun into
-/// [`LockError::Unavailable`]), but a backend that can bound them itself should, so
-/// that a late reply is not taken for a lost one.
+/// Every method must complete or fail on its own: the client bounds `attempt`,
+/// `release`, `inspect`, `abandon` and `give_back` by its operation timeout, and renewals
+/// by the lease's remaining validity (turning an overrun into
+/// [`LockError::Unavailable`]). A backend must not cut a renewal short by a fixed timeout
+/// of its own: a reply that comes late but within the validity still renews the lease.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// What the backend keeps about a granted hold (a key and owner, a znode path).
@@ -99,7 +105,11 @@ pub trait Backend: Send + Sync + 'static {
     /// keep the waiter's place and its wake-up subscription.
     ///
     /// An attempt must be atomic: it either grants (and the hold exists on the backend)
-    /// or it changes nothing but the ticket.
+    /// or it changes nothing but the ticket. On `Granted`, a ticket still in the slot is
+    /// dropped, not abandoned: the grant consumed the waiter's place.
+    ///
+    /// When an attempt fails (an error, or cut off by the operation timeout) it may still
+    /// have been applied; the client then calls [`give_back`](Backend::give_back).
     async fn attempt(&self, req: &Request, ticket: &mut Option<Self::Ticket>)
         -> Result<Attempt<Self::Hold>, LockError>;
 
@@ -108,7 +118,7 @@ pub trait Backend: Send + Sync + 'static {
     /// The default sleeps until `until`, which is right for backends that poll.
     async fn wait(&self, req: &Request, ticket: &mut Option<Self::Ticket>, until: Instant) -> Result<(), LockError> {
         let _ = (req, ticket);
-        tokio::time::sleep_until(until.into()).await;
+        tokio::time::sleep_until(until).await;
         Ok(())
     }
 
@@ -118,8 +128,31 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (req, ticket);
     }
 
+    /// An attempt failed without a clear answer: the backend may have applied it. Undo
+    /// the grant it may have made (once, and only that grant: another holder, or the same
+    /// owner's other grants, are never touched), and give up the waiter's place as
+    /// [`abandon`](Backend::abandon) does.
+    ///
+    /// The client calls it in the background, bounded by the operation timeout. The
+    /// default only abandons the ticket, which is right for a backend whose attempt
+    /// cannot be applied without its caller learning of it.
+    async fn give_back(&self, req: &Request, ticket: Option<Self::Ticket>) {
+        if let Some(ticket) = ticket {
+            self.abandon(req, ticket).await;
+        }
+    }
+
     /// Keeps the hold for `ttl` more from now (never shortening it), checking it is ours.
     async fn renew(&self, hold: &Self::Hold, ttl: Duration) -> Result<Renewal, LockError>;
+
+    /// Renews the holds that are due together, all with the same `ttl`, answering for
+    /// each in order. The renewal scheduler calls it for every group of renewals that
+    /// fall due at once; a backend that can renew many holds in one request (a SQL
+    /// statement, one keepalive, a multi-read) does it here. The default runs
+    /// [`renew`](Backend::renew) for each hold concurrently.
+    async fn renew_many(&self, holds: &[&Self::Hold], ttl: Duration) -> Vec<Result<Renewal, LockError>> {
+        futures::future::join_all(holds.iter().map(|hold| self.renew(hold, ttl))).await
+    }
 
     /// Releases one hold, checking it is ours, and wakes the next waiter.
     async fn release(&self, hold: &Self::Hold) -> Result<Release, LockError>;
@@ -135,9 +168,25 @@ pub trait Backend: Send + Sync + 'static {
         crate::options::drift(ttl)
     }
 
+    /// How long the backend really keeps `hold` after a grant or renewal that asked for
+    /// `requested`. The default is `requested`. A backend that may keep it for less (a
+    /// session timeout the server negotiated down) says so, and the lease's validity and
+    /// renewal period follow the shorter time.
+    fn effective_ttl(&self, hold: &Self::Hold, requested: Duration) -> Duration {
+        let _ = hold;
+        requested
+    }
+
     /// Called once for every granted hold, for backends that learn of a loss by a push
     /// (a session expiry event) rather than by renewing. The default ignores it.
     fn watch_hold(&self, hold: &Self::Hold, signal: LostSignal) {
         let _ = (hold, signal);
     }
+}
+
+/// Locks `mutex`, ignoring poisoning: a panic elsewhere while it was held does not make
+/// the state behind it inconsistent for the uses in this workspace, where every critical
+/// section leaves the data valid at each step.
+pub fn lock_unpoisoned<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

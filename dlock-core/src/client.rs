@@ -1,33 +1,40 @@
 //! [`Client`]: a [`Backend`] made into a [`Locker`], with the wait loop, cancellation
 //! safety and operation timeouts written once for every backend.
 
+use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Attempt, Backend, Release, Renewal, Request};
+use crate::backend::{Backend, Request, RequestId};
 use crate::error::LockError;
-use crate::lease::{HoldOps, Lease, LeaseCore, LeaseSpec, LostSignal};
-use crate::locker::{Capabilities, ClientStats, LockInfo, Locker};
+use crate::info::{Capabilities, LockInfo};
+use crate::lease::Lease;
+use crate::locker::Locker;
 use crate::name::{LockName, OwnerId};
 use crate::options::{drift, LockOptions, MAX_DURATION};
+use crate::outcome::{Attempt, Release, Renewal};
 use crate::renewal::Scheduler;
-use crate::stats::{InFlight, Stats};
+use crate::state::{HoldOps, LeaseCore, LeaseSpec, LostSignal};
+use crate::stats::{ClientStats, InFlight, Stats};
 use crate::token::FencingToken;
 
 /// Settings every client shares, whatever its backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
-    /// The longest a single backend operation (an attempt, a renewal, a release, an
-    /// inspect) may take before it fails with `Unavailable`. Waiting for a holder is not
-    /// an operation: the wait bound of [`LockOptions`] governs it.
+    /// The longest a single backend operation (an attempt, a release, an inspect, an
+    /// extension) may take before it fails with `Unavailable`. Waiting for a holder is not
+    /// an operation: the wait bound of [`LockOptions`] governs it. A watchdog renewal is
+    /// bounded by the lease's validity instead, and one left unanswered this long gets
+    /// another renewal sent beside it.
     pub op_timeout: Duration,
 }
 
@@ -75,7 +82,7 @@ struct Inner<B: Backend> {
     scheduler: Scheduler,
     stats: Arc<Stats>,
     id: String,
-    next_owner: AtomicU64,
+    next_request: AtomicU64,
 }
 
 /// Lease ids are unique in the process, so that one scheduler map can never confuse two.
@@ -96,11 +103,11 @@ impl<B: Backend> Client<B> {
         Client {
             inner: Arc::new(Inner {
                 backend,
+                scheduler: Scheduler::new(stats.clone(), config.op_timeout),
                 config,
-                scheduler: Scheduler::new(stats.clone()),
                 stats,
                 id: uuid::Uuid::new_v4().simple().to_string(),
-                next_owner: AtomicU64::new(1),
+                next_request: AtomicU64::new(1),
             }),
         }
     }
@@ -115,7 +122,8 @@ impl<B: Backend> Client<B> {
         &self.inner.config
     }
 
-    /// A unique id of this client; the default owner of each acquire is `<id>:<n>`.
+    /// A unique id of this client; each acquire's request id (and its default owner) is
+    /// `<id>:<n>`.
     pub fn id(&self) -> &str {
         &self.inner.id
     }
@@ -123,13 +131,12 @@ impl<B: Backend> Client<B> {
     async fn start(&self, name: &LockName, opts: &LockOptions, blocking: bool) -> AcquireResult {
         opts.validate()?;
         check_capabilities(self.inner.backend.capabilities(), opts)?;
+        let id = RequestId::new(&self.inner.id, self.inner.next_request.fetch_add(1, Ordering::Relaxed));
         let owner = match opts.explicit_owner() {
             Some(owner) => owner.clone(),
-            None => {
-                OwnerId::new(format!("{}:{}", self.inner.id, self.inner.next_owner.fetch_add(1, Ordering::Relaxed)))?
-            }
+            None => OwnerId::new(id.as_str())?,
         };
-        let req = Request { name: name.clone(), owner, mode: opts.lease_mode(), blocking, fair: opts.is_fair() };
+        let req = Request { name: name.clone(), owner, id, mode: opts.lease_mode(), blocking, fair: opts.is_fair() };
         let span = tracing::info_span!(
             "dlock.acquire",
             backend = self.inner.backend.name(),
@@ -240,7 +247,7 @@ impl<B: Backend> Inner<B> {
     async fn timed<T>(&self, what: &str, op: impl Future<Output = Result<T, LockError>>) -> Result<T, LockError> {
         match tokio::time::timeout(self.config.op_timeout, op).await {
             Ok(result) => result,
-            Err(_) => Err(LockError::Unavailable(format!(
+            Err(_) => Err(LockError::unavailable(format!(
                 "{} {what} did not complete within {:?}",
                 self.backend.name(),
                 self.config.op_timeout
@@ -264,15 +271,15 @@ impl<B: Backend> Inner<B> {
             let attempt = match self.timed("acquire", self.backend.attempt(req, &mut ticket)).await {
                 Ok(attempt) => attempt,
                 Err(err) => {
-                    self.abandon(req, ticket).await;
+                    // The attempt may have been applied with its answer lost: give back
+                    // what it may have granted, without keeping the caller waiting.
+                    self.give_back_in_background(req, ticket);
                     return Err(err);
                 }
             };
             let retry_after = match attempt {
                 Attempt::Granted { hold, token } => {
-                    let ttl = req.ttl();
-                    let allowance = self.backend.clock_drift(ttl).max(drift(ttl));
-                    if sent + ttl.saturating_sub(allowance) > Instant::now() {
+                    if validity(&self.backend, &hold, sent, req.ttl()).0 > Instant::now() {
                         tracing::debug!(%token, waited = ?started.elapsed(), "acquired");
                         return Ok(Some(self.make_lease(req, opts, hold, token, sent)));
                     }
@@ -319,6 +326,17 @@ impl<B: Backend> Inner<B> {
         }
     }
 
+    fn give_back_in_background(self: &Arc<Self>, req: &Request, ticket: Option<B::Ticket>) {
+        let (inner, req) = (self.clone(), req.clone());
+        let in_flight = InFlight::start(&self.stats);
+        tokio::spawn(async move {
+            let _in_flight = in_flight;
+            if tokio::time::timeout(inner.config.op_timeout, inner.backend.give_back(&req, ticket)).await.is_err() {
+                tracing::debug!(lock = %req.name, "giving back an attempt of unknown outcome timed out");
+            }
+        });
+    }
+
     async fn abandon(&self, req: &Request, ticket: Option<B::Ticket>) {
         if let Some(ticket) = ticket {
             let abandon = self.backend.abandon(req, ticket);
@@ -346,15 +364,24 @@ impl<B: Backend> Inner<B> {
             extendable: self.backend.capabilities().extend,
             attempt_started: sent,
         };
-        let bound = Arc::new(Bound { inner: self.clone(), hold, name: req.name.clone(), token });
+        let bound = Arc::new(BoundHold { inner: self.clone(), hold, name: req.name.clone(), token });
         let core = LeaseCore::new(spec, bound.clone(), self.stats.clone());
         self.backend.watch_hold(&bound.hold, LostSignal::new(&core));
         Lease::new(core, self.scheduler.clone())
     }
 }
 
+/// Until when a grant or renewal of `hold` sent at `sent` for `ttl` keeps it, on this
+/// clock (the ttl the backend really applies, minus the larger drift allowance), and that
+/// effective ttl.
+fn validity<B: Backend>(backend: &B, hold: &B::Hold, sent: Instant, ttl: Duration) -> (Instant, Duration) {
+    let effective = backend.effective_ttl(hold, ttl).min(ttl);
+    let allowance = backend.clock_drift(effective).max(drift(effective));
+    (sent + effective.saturating_sub(allowance), effective)
+}
+
 /// One hold bound to its client: what a lease calls to renew and release.
-struct Bound<B: Backend> {
+struct BoundHold<B: Backend> {
     inner: Arc<Inner<B>>,
     hold: B::Hold,
     name: LockName,
@@ -362,14 +389,51 @@ struct Bound<B: Backend> {
 }
 
 #[async_trait]
-impl<B: Backend> HoldOps for Bound<B> {
+impl<B: Backend> HoldOps for BoundHold<B> {
     async fn renew(&self, ttl: Duration) -> Result<Renewal, LockError> {
-        let span = tracing::debug_span!("dlock.renew", backend = self.inner.backend.name(), lock = %self.name, token = %self.token);
-        self.inner.timed("renew", self.inner.backend.renew(&self.hold, ttl)).instrument(span).await
+        let span = tracing::info_span!("dlock.extend", backend = self.inner.backend.name(), lock = %self.name, token = %self.token, ?ttl);
+        self.inner.timed("extend", self.inner.backend.renew(&self.hold, ttl)).instrument(span).await
     }
 
-    fn drift(&self, ttl: Duration) -> Duration {
-        self.inner.backend.clock_drift(ttl)
+    async fn renew_batch(
+        &self,
+        batch: &[Arc<LeaseCore>],
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Vec<Result<Renewal, LockError>> {
+        // Every lease of a scheduler comes from this client, so every hold is ours.
+        let holds: Option<Vec<&B::Hold>> = batch
+            .iter()
+            .map(|core| (core.hold.as_ref() as &dyn Any).downcast_ref::<BoundHold<B>>().map(|bound| &bound.hold))
+            .collect();
+        let Some(holds) = holds else {
+            return batch
+                .iter()
+                .map(|_| Err(LockError::Backend("a lease of another client was batched".into())))
+                .collect();
+        };
+        let backend = &self.inner.backend;
+        let span = tracing::debug_span!("dlock.renew", backend = backend.name(), leases = holds.len(), ?ttl);
+        match tokio::time::timeout_at(deadline, backend.renew_many(&holds, ttl)).instrument(span).await {
+            Ok(answers) if answers.len() == holds.len() => answers,
+            Ok(answers) => {
+                let why = format!("{} answered {} renewals of {}", backend.name(), answers.len(), holds.len());
+                holds.iter().map(|_| Err(LockError::Backend(why.clone().into()))).collect()
+            }
+            Err(_) => holds
+                .iter()
+                .map(|_| {
+                    Err(LockError::unavailable(format!(
+                        "{} renewal unanswered until the lease ran out",
+                        backend.name()
+                    )))
+                })
+                .collect(),
+        }
+    }
+
+    fn validity(&self, sent: Instant, ttl: Duration) -> (Instant, Duration) {
+        validity(&self.inner.backend, &self.hold, sent, ttl)
     }
 
     async fn release(&self) -> Result<Release, LockError> {

@@ -64,6 +64,73 @@ impl ConnectOptions {
     }
 }
 
+/// The builder methods every backend's configuration shares, over the [`ConnectOptions`]
+/// it embeds: `with_*` setters that take and return the configuration, bare getters.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::{ConnectConfig, ConnectOptions};
+///
+/// #[derive(Default)]
+/// struct MyConfig {
+///     common: ConnectOptions,
+/// }
+///
+/// impl ConnectConfig for MyConfig {
+///     fn common(&self) -> &ConnectOptions {
+///         &self.common
+///     }
+///     fn common_mut(&mut self) -> &mut ConnectOptions {
+///         &mut self.common
+///     }
+/// }
+///
+/// let config = MyConfig::default().with_op_timeout(Duration::from_secs(2)).with_prefix("shop");
+/// assert_eq!(config.op_timeout(), Duration::from_secs(2));
+/// assert_eq!(config.prefix(), "shop");
+/// ```
+pub trait ConnectConfig: Sized {
+    /// The embedded common options.
+    fn common(&self) -> &ConnectOptions;
+
+    /// The embedded common options, to change them.
+    fn common_mut(&mut self) -> &mut ConnectOptions;
+
+    /// The longest a connection attempt may take before `Unavailable` (default 5 s).
+    fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.common_mut().connect_timeout = timeout;
+        self
+    }
+
+    /// The longest one backend operation may take before `Unavailable` (default 5 s).
+    fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.common_mut().op_timeout = timeout;
+        self
+    }
+
+    /// Where the backend keeps its locks (default `dlock`). Each backend says which
+    /// prefixes it accepts, and refuses others when it connects.
+    fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.common_mut().prefix = prefix.into();
+        self
+    }
+
+    /// See [`with_connect_timeout`](ConnectConfig::with_connect_timeout).
+    fn connect_timeout(&self) -> Duration {
+        self.common().connect_timeout
+    }
+
+    /// See [`with_op_timeout`](ConnectConfig::with_op_timeout).
+    fn op_timeout(&self) -> Duration {
+        self.common().op_timeout
+    }
+
+    /// See [`with_prefix`](ConnectConfig::with_prefix).
+    fn prefix(&self) -> &str {
+        &self.common().prefix
+    }
+}
+
 /// Parses a duration such as `250ms`, `5s`, `2m`, `1h` (a bare number is seconds).
 /// Zero and values above [`MAX_DURATION`](crate::MAX_DURATION) are `InvalidInput`.
 ///

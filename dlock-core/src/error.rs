@@ -60,9 +60,16 @@ pub enum LockError {
     /// The lease was lost while work was running under it.
     #[error("the lease was lost: {0}")]
     Lost(LostReason),
-    /// The backend could not be reached within its connect or operation timeout.
-    #[error("backend unavailable: {0}")]
-    Unavailable(String),
+    /// The backend could not be reached within its connect or operation timeout, or the
+    /// connection failed. Retrying later may succeed.
+    #[error("backend unavailable: {what}")]
+    Unavailable {
+        /// What could not be done.
+        what: String,
+        /// The client library's error, when there was one.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// Too few nodes confirmed an operation: RedLock masters granting, or replicas
     /// acknowledging a write the caller asked to have replicated.
     #[error("quorum not reached: {got} of {needed} nodes confirmed")]
@@ -86,8 +93,19 @@ impl LockError {
         LockError::Backend(err.into())
     }
 
+    /// The backend could not be reached: `what` says what could not be done.
+    pub fn unavailable(what: impl Into<String>) -> Self {
+        LockError::Unavailable { what: what.into(), source: None }
+    }
+
+    /// The backend could not be reached because of `source`, a client library's error
+    /// (kept as the error's source, so its chain is not lost).
+    pub fn unavailable_because(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        LockError::Unavailable { what: what.into(), source: Some(source.into()) }
+    }
+
     /// Whether retrying the same call later could succeed (the backend was unreachable).
     pub fn is_transient(&self) -> bool {
-        matches!(self, LockError::Unavailable(_) | LockError::QuorumNotReached { .. })
+        matches!(self, LockError::Unavailable { .. } | LockError::QuorumNotReached { .. })
     }
 }

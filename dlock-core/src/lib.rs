@@ -4,7 +4,7 @@
 //! [`FencingToken`] that strictly increases over the successive holders of a name, knows
 //! how long it is certainly valid, and fires a lost signal when it stops being valid.
 //! Backends (Redis, ZooKeeper, etcd, SQL; [`memory`] in this crate) implement the small
-//! [`Backend`] trait; [`Client`] turns one into a `Locker` and supplies the wait loop,
+//! [`Backend`](backend::Backend) trait; [`Client`] turns one into a `Locker` and supplies the wait loop,
 //! cancellation safety, operation timeouts, the renewal scheduler (one task per client,
 //! not per lease), the lost signal, tracing spans and statistics.
 //!
@@ -26,29 +26,35 @@
 //! # Ok(()) }
 //! ```
 
-mod backend;
+pub mod backend;
 mod baseline;
 mod client;
 mod connect;
 mod error;
+mod info;
 mod lease;
 mod locker;
 pub mod memory;
 mod name;
 mod options;
+mod outcome;
 mod renewal;
+mod state;
 mod stats;
+#[cfg(test)]
+mod testing;
 mod token;
 mod url;
 
-pub use backend::{Attempt, Backend, Release, Renewal, Request};
 pub use baseline::RawBaseline;
 pub use client::{Client, ClientConfig};
-pub use connect::{parse_duration, percent_decode, ConnectOptions};
+pub use connect::{parse_duration, percent_decode, ConnectConfig, ConnectOptions};
 pub use error::{BoxError, LockError, LostReason};
-pub use lease::{Lease, LeaseHandle, LostSignal};
-pub use locker::{with_lock, Capabilities, ClientStats, Holder, LockInfo, Locker, LockerExt};
+pub use info::{Capabilities, Holder, LockInfo};
+pub use lease::{Lease, LeaseHandle};
+pub use locker::{with_lock, Locker, LockerExt};
 pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN};
 pub use options::{drift, Backoff, LeaseMode, LockOptions, DEFAULT_TTL, MAX_DURATION, MIN_TTL};
+pub use stats::ClientStats;
 pub use token::FencingToken;
 pub use url::{redact, BackendUrl, HostPort};

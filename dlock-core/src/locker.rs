@@ -1,101 +1,15 @@
 //! The object-safe lock API every backend offers, and what it reports.
 
 use std::future::Future;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::error::LockError;
+use crate::info::{Capabilities, LockInfo};
 use crate::lease::{Lease, LeaseHandle};
-use crate::name::{LockName, OwnerId};
+use crate::name::LockName;
 use crate::options::LockOptions;
-use crate::token::FencingToken;
-
-/// What a backend can do. Asking for something it cannot do fails with
-/// [`LockError::Unsupported`]; nothing is silently weakened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// An owner that already holds a lock can acquire it again (explicit owners).
-    pub reentrant: bool,
-    /// Waiters are granted in request order (`LockOptions::fair(true)` is accepted).
-    pub fifo: bool,
-    /// Waiters are woken by a notification from the backend, not by polling.
-    pub notify: bool,
-    /// Holds expire by ttl on their own; without it the connection is the lease.
-    pub ttl: bool,
-    /// `Fixed(ttl)` leases are honoured.
-    pub fixed: bool,
-    /// [`Lease::extend`] works.
-    pub extend: bool,
-    /// [`Locker::inspect`] reports how many waiters are queued.
-    pub queue_length: bool,
-}
-
-impl Capabilities {
-    /// Every capability.
-    pub const ALL: Capabilities = Capabilities {
-        reentrant: true,
-        fifo: true,
-        notify: true,
-        ttl: true,
-        fixed: true,
-        extend: true,
-        queue_length: true,
-    };
-}
-
-/// The current holder of a lock, as [`Locker::inspect`] sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    /// Who holds it.
-    pub owner: OwnerId,
-    /// The holder's fencing token.
-    pub token: FencingToken,
-    /// How many times the owner holds it (re-entrancy), when the backend counts.
-    pub count: u32,
-    /// How long the hold lasts without renewal, when the backend knows.
-    pub remaining: Option<Duration>,
-}
-
-/// A snapshot of one lock.
-///
-/// ```
-/// use dlock_core::LockInfo;
-///
-/// let free = LockInfo::default();
-/// assert!(free.holder.is_none());
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LockInfo {
-    /// The holder, or `None` when the lock is free.
-    pub holder: Option<Holder>,
-    /// How many acquirers are queued behind the holder, where the backend knows.
-    pub waiters: Option<usize>,
-}
-
-/// Counters of one client, for metrics and for tests that prove nothing leaks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ClientStats {
-    /// Locks granted to this client.
-    pub acquired: u64,
-    /// Leases released (explicitly or by drop).
-    pub released: u64,
-    /// Successful renewals.
-    pub renewals: u64,
-    /// Renewals that failed with an error (and may have been retried).
-    pub renewal_errors: u64,
-    /// Leases whose lost signal fired.
-    pub lost: u64,
-    /// `Lease` values alive now.
-    pub active_leases: u64,
-    /// Leases the renewal scheduler is tracking now.
-    pub scheduled: u64,
-    /// Acquires blocked now, waiting for a holder to let go.
-    pub waiting: u64,
-    /// Acquires under way (including those finishing in the background after their caller
-    /// gave up) and background releases of dropped leases.
-    pub in_flight: u64,
-}
+use crate::stats::ClientStats;
 
 /// A client of one lock backend. Object-safe: `Arc<dyn Locker>` is what
 /// `dlock::connect` hands out.
@@ -117,9 +31,26 @@ pub struct ClientStats {
 #[async_trait]
 pub trait Locker: Send + Sync {
     /// Acquires `name`, waiting up to the options' wait bound (`Timeout` after it).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes gives back whatever it got: no hold, queue
+    /// entry or renewal is left behind. An attempt already sent when the future is dropped
+    /// finishes in the background, and a grant it brings back is released there.
+    ///
+    /// # Ambiguous outcomes
+    ///
+    /// An attempt that fails without a clear answer (its reply lost, or cut off by the
+    /// operation timeout) may have been applied by the backend; the client then gives
+    /// back exactly the grant it may have made, in the background, so no orphan hold
+    /// blocks the lock for a ttl and no re-entrant count stays raised.
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Lease, LockError>;
 
     /// Acquires `name` if it is free now; never waits for a holder.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](Locker::acquire): dropping the future leaves nothing behind.
     async fn try_acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Option<Lease>, LockError>;
 
     /// Reports the holder of `name` and its queue, without changing anything.

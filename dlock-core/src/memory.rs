@@ -24,18 +24,18 @@
 //! ```
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, watch, Notify};
+use tokio::time::Instant;
 
-use crate::backend::{Attempt, Backend, Release, Renewal, Request};
+use crate::backend::{lock_unpoisoned, Attempt, Backend, Client, ClientConfig, Release, Renewal, Request, RequestId};
 use crate::baseline::RawBaseline;
-use crate::client::{Client, ClientConfig};
 use crate::error::{LockError, LostReason};
-use crate::locker::{Capabilities, Holder, LockInfo};
+use crate::info::{Capabilities, Holder, LockInfo};
 use crate::name::{LockName, OwnerId};
 use crate::token::FencingToken;
 
@@ -72,12 +72,17 @@ struct Slot {
 struct Hold {
     owner: OwnerId,
     token: u64,
-    count: u32,
+    /// The acquire calls that hold it (more than one when the owner re-entered): a
+    /// release or give-back takes back exactly its own.
+    grants: Vec<RequestId>,
     expires_at: Instant,
 }
 
 struct Waiter {
     id: u64,
+    /// The acquire call that queued, so that giving back a call whose reply was lost
+    /// also gives up its place.
+    request: RequestId,
     notify: Arc<Notify>,
     /// A waiter that stops coming back (its client died) loses its place after this.
     expires_at: Instant,
@@ -105,9 +110,25 @@ impl Slot {
         self.holder.as_ref().map(|h| Holder {
             owner: h.owner.clone(),
             token: FencingToken::new(h.token),
-            count: h.count,
+            count: u32::try_from(h.grants.len()).unwrap_or(u32::MAX),
             remaining: Some(h.expires_at.saturating_duration_since(now)),
         })
+    }
+
+    /// Takes back one grant of the hold if the hold is `owner`'s with `token` (any token
+    /// when `None`) and the grant is among its grants; frees the lock at the last one.
+    fn take_back(&mut self, owner: &OwnerId, token: Option<u64>, grant: &RequestId) -> Release {
+        let Some(hold) = self.holder.as_mut() else { return Release::NotHeld };
+        if hold.owner != *owner || token.is_some_and(|t| t != hold.token) {
+            return Release::NotHeld;
+        }
+        let Some(at) = hold.grants.iter().position(|g| g == grant) else { return Release::NotHeld };
+        hold.grants.swap_remove(at);
+        if hold.grants.is_empty() {
+            self.holder = None;
+            self.wake_head();
+        }
+        Release::Released
     }
 }
 
@@ -129,7 +150,7 @@ impl MemoryStore {
 
     /// A new backend handle (one "connection") for building a [`Client`] by hand.
     pub fn backend(&self) -> MemoryBackend {
-        MemoryBackend { shared: self.shared.clone(), link: Arc::new(AtomicU8::new(LINK_UP)) }
+        MemoryBackend { shared: self.shared.clone(), link: Arc::new(Wire::default()) }
     }
 
     /// Deletes a lock's hold as an operator would, waking its first waiter. The fence
@@ -157,52 +178,119 @@ impl MemoryStore {
 
 impl Shared {
     fn lock_state(&self) -> MutexGuard<'_, HashMap<LockName, Slot>> {
-        self.locks.lock().unwrap_or_else(|p| p.into_inner())
+        lock_unpoisoned(&self.locks)
     }
 }
 
-const LINK_UP: u8 = 0;
-const LINK_CUT: u8 = 1;
-const LINK_BLACKHOLE: u8 = 2;
+/// A network fault a [`MemoryLink`] plays between one client and the store, as a TCP
+/// proxy would between a client and a server.
+///
+/// A request that got through is applied even if its caller gave up meanwhile (the
+/// client's operation timeout), and a request held back flows on when the fault lifts:
+/// the outcome of a call is then unknown to its caller, as over a real network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Everything flows.
+    #[default]
+    None,
+    /// The connection is refused: calls fail at once, and a call whose request got through
+    /// loses its reply and fails too.
+    Cut,
+    /// Nothing flows either way, as when a host freezes; what was held back flows on when
+    /// the fault changes.
+    Blackhole,
+    /// Requests are held back (not applied); replies flow.
+    BlackholeRequests,
+    /// Requests flow and are applied; replies are held back.
+    BlackholeReplies,
+    /// Requests flow and are applied; replies are thrown away. The connection stays open
+    /// while the fault lasts, so callers wait until they give up; over TCP, a connection
+    /// that lost replies is closed when the fault ends, since its stream is broken.
+    DropReplies,
+    /// Requests flow and are applied; each reply arrives this much later.
+    DelayReplies(Duration),
+    /// Requests and replies each arrive this much later.
+    Delay(Duration),
+}
 
 /// One client's connection to a [`MemoryStore`].
 pub struct MemoryBackend {
     shared: Arc<Shared>,
-    link: Arc<AtomicU8>,
+    link: Arc<Wire>,
+}
+
+/// One client's connection: the fault it plays, and the order of the requests held back
+/// by a fault, which reach the store in the order they were sent, as over one TCP stream.
+struct Wire {
+    fault: watch::Sender<Fault>,
+    /// Requests sent while a fault was (or requests were) held back, not yet through.
+    held: AtomicU64,
+    /// The sequence number the next such request gets.
+    next: AtomicU64,
+    /// The sequence number of the request allowed through next.
+    through: watch::Sender<u64>,
+}
+
+impl Default for Wire {
+    fn default() -> Self {
+        Wire {
+            fault: watch::channel(Fault::None).0,
+            held: AtomicU64::new(0),
+            next: AtomicU64::new(0),
+            through: watch::channel(0).0,
+        }
+    }
+}
+
+/// Lets the next held request through when the current one is done with, whatever path
+/// it took.
+struct Turn<'a>(&'a Wire);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.through.send_modify(|n| *n += 1);
+        self.0.held.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for MemoryBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryBackend").finish_non_exhaustive()
+        f.debug_struct("MemoryBackend").field("fault", &*self.link.fault.borrow()).finish_non_exhaustive()
     }
 }
 
 /// A switch on one [`MemoryBackend`]'s link, to play network faults in tests.
 #[derive(Clone)]
 pub struct MemoryLink {
-    link: Arc<AtomicU8>,
+    link: Arc<Wire>,
 }
 
 impl std::fmt::Debug for MemoryLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryLink").finish_non_exhaustive()
+        f.debug_struct("MemoryLink").field("fault", &*self.link.fault.borrow()).finish()
     }
 }
 
 impl MemoryLink {
+    /// Plays `fault` from now on, for calls under way too.
+    pub fn set(&self, fault: Fault) {
+        self.link.fault.send_replace(fault);
+    }
+
     /// Every call fails at once with `Unavailable`, as on a refused connection.
     pub fn cut(&self) {
-        self.link.store(LINK_CUT, Ordering::SeqCst);
+        self.set(Fault::Cut);
     }
 
     /// Every call hangs (until the client's operation timeout), as when packets vanish.
     pub fn blackhole(&self) {
-        self.link.store(LINK_BLACKHOLE, Ordering::SeqCst);
+        self.set(Fault::Blackhole);
     }
 
     /// The link works again.
     pub fn restore(&self) {
-        self.link.store(LINK_UP, Ordering::SeqCst);
+        self.set(Fault::None);
     }
 }
 
@@ -212,17 +300,219 @@ impl MemoryBackend {
         MemoryLink { link: self.link.clone() }
     }
 
-    /// Fails or hangs as the link and the store's availability say.
-    async fn reach(&self) -> Result<(), LockError> {
-        match self.link.load(Ordering::SeqCst) {
-            LINK_CUT => return Err(LockError::Unavailable("memory link is cut".into())),
-            LINK_BLACKHOLE => std::future::pending::<()>().await,
-            _ => {}
+    /// Sends one request over the link: `op` runs on the store when the request gets
+    /// through (even if the caller has gone by then), and its answer comes back as the
+    /// link lets it.
+    async fn call<T, F>(&self, op: F) -> Result<T, LockError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Shared) -> T + Send + 'static,
+    {
+        let wire = &self.link;
+        if *wire.fault.borrow() == Fault::None && wire.held.load(Ordering::SeqCst) == 0 {
+            self.shared.reachable()?;
+            return Ok(op(&self.shared));
         }
-        if self.shared.down.load(Ordering::SeqCst) {
-            return Err(LockError::Unavailable("memory store is down".into()));
+        wire.held.fetch_add(1, Ordering::SeqCst);
+        let turn = wire.next.fetch_add(1, Ordering::SeqCst);
+        let (reply, answer) = oneshot::channel();
+        let (shared, wire) = (self.shared.clone(), self.link.clone());
+        tokio::spawn(async move {
+            let mut fault = wire.fault.subscribe();
+            let mut through = wire.through.subscribe();
+            // Held or delayed requests wait side by side, then reach the store in order.
+            let passage = pass(&mut fault, Direction::Request).await;
+            if let Some(delay) = passage {
+                tokio::time::sleep(delay).await;
+            }
+            let _ = through.wait_for(|n| *n == turn).await;
+            let ours = Turn(&wire);
+            if passage.is_none() {
+                let _ = reply.send(Err(LockError::unavailable("memory link is cut")));
+                return;
+            }
+            let outcome = shared.reachable().map(|()| op(&shared));
+            drop(ours);
+            match pass(&mut fault, Direction::Reply).await {
+                Some(delay) => {
+                    tokio::time::sleep(delay).await;
+                    let _ = reply.send(outcome);
+                }
+                None if *fault.borrow() == Fault::DropReplies => {
+                    // Thrown away with the connection still open: the caller waits on
+                    // (an answer that never comes) until it gives up.
+                    let _ = fault.changed().await;
+                    drop(reply);
+                }
+                None => {
+                    let _ = reply.send(Err(LockError::unavailable("memory link was cut before the reply")));
+                }
+            }
+        });
+        match answer.await {
+            Ok(outcome) => outcome,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Request,
+    Reply,
+}
+
+/// Waits until `direction` may pass: `Some(delay)` when it passes after that delay, `None`
+/// when it never will (cut, or replies dropped).
+async fn pass(fault: &mut watch::Receiver<Fault>, direction: Direction) -> Option<Duration> {
+    loop {
+        let current = *fault.borrow_and_update();
+        let held = match (current, direction) {
+            (Fault::None, _) => return Some(Duration::ZERO),
+            (Fault::Cut, _) => return None,
+            (Fault::Blackhole, _) => true,
+            (Fault::BlackholeRequests, Direction::Request) | (Fault::BlackholeReplies, Direction::Reply) => true,
+            (Fault::BlackholeRequests | Fault::BlackholeReplies, _) => false,
+            (Fault::DropReplies, Direction::Request) => false,
+            (Fault::DropReplies, Direction::Reply) => return None,
+            (Fault::DelayReplies(d), Direction::Reply) | (Fault::Delay(d), _) => return Some(d),
+            (Fault::DelayReplies(_), Direction::Request) => false,
+        };
+        if !held {
+            return Some(Duration::ZERO);
+        }
+        if fault.changed().await.is_err() {
+            return None;
+        }
+    }
+}
+
+impl Shared {
+    fn reachable(&self) -> Result<(), LockError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(LockError::unavailable("memory store is down"));
         }
         Ok(())
+    }
+
+    fn attempt(&self, req: &Request, ticket: &mut Option<MemoryTicket>) -> Attempt<MemoryHold> {
+        let now = Instant::now();
+        let ttl = req.ttl();
+        let mut locks = self.lock_state();
+        let slot = locks.entry(req.name.clone()).or_default();
+        slot.tidy(now);
+        let granted = |token| Attempt::Granted {
+            hold: MemoryHold { name: req.name.clone(), owner: req.owner.clone(), token, grant: req.id.clone() },
+            token: FencingToken::new(token),
+        };
+
+        if let Some(hold) = slot.holder.as_mut() {
+            if hold.owner == req.owner {
+                hold.grants.push(req.id.clone());
+                // A re-entrant grant never shortens the existing hold.
+                hold.expires_at = hold.expires_at.max(now + ttl);
+                let token = hold.token;
+                drop_ticket(slot, ticket);
+                return granted(token);
+            }
+        }
+        // Our turn when nobody queues ahead of us (our own place may have lapsed if we
+        // were slow to come back; then an empty queue still means nobody is ahead).
+        let our_turn = slot.queue.front().is_none_or(|head| ticket.as_ref().is_some_and(|t| t.id == head.id));
+        if slot.holder.is_none() && our_turn {
+            slot.fence += 1;
+            let token = slot.fence;
+            slot.holder =
+                Some(Hold { owner: req.owner.clone(), token, grants: vec![req.id.clone()], expires_at: now + ttl });
+            drop_ticket(slot, ticket);
+            return granted(token);
+        }
+
+        // Busy: keep (or take) a place in the queue, refreshed on every attempt.
+        let place_expires = now + ttl;
+        match ticket {
+            Some(t) => match slot.queue.iter_mut().find(|w| w.id == t.id) {
+                Some(w) => w.expires_at = place_expires,
+                None => slot.queue.push_back(Waiter {
+                    id: t.id,
+                    request: req.id.clone(),
+                    notify: t.notify.clone(),
+                    expires_at: place_expires,
+                }),
+            },
+            None if req.blocking => {
+                let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+                let notify = Arc::new(Notify::new());
+                slot.queue.push_back(Waiter {
+                    id,
+                    request: req.id.clone(),
+                    notify: notify.clone(),
+                    expires_at: place_expires,
+                });
+                *ticket = Some(MemoryTicket { id, notify });
+            }
+            None => {}
+        }
+        let retry_after = match &slot.holder {
+            Some(h) => h.expires_at.saturating_duration_since(now),
+            // Free, but someone is ahead of us: they were woken; if they never come
+            // back, their place lapses by then.
+            None => slot.queue.front().map_or(Duration::ZERO, |w| w.expires_at.saturating_duration_since(now)),
+        };
+        Attempt::Busy { retry_after: Some(retry_after) }
+    }
+
+    fn renew(&self, hold: &MemoryHold, ttl: Duration) -> Renewal {
+        let now = Instant::now();
+        let mut locks = self.lock_state();
+        let Some(slot) = locks.get_mut(&hold.name) else { return Renewal::Lost(LostReason::Expired) };
+        slot.tidy(now);
+        match slot.holder.as_mut() {
+            Some(h) if h.owner == hold.owner && h.token == hold.token => {
+                h.expires_at = h.expires_at.max(now + ttl);
+                Renewal::Renewed
+            }
+            Some(_) => Renewal::Lost(LostReason::Stolen),
+            None => Renewal::Lost(LostReason::Expired),
+        }
+    }
+
+    fn release(&self, hold: &MemoryHold) -> Release {
+        let mut locks = self.lock_state();
+        let Some(slot) = locks.get_mut(&hold.name) else { return Release::NotHeld };
+        slot.tidy(Instant::now());
+        slot.take_back(&hold.owner, Some(hold.token), &hold.grant)
+    }
+
+    fn give_back(&self, req: &Request) {
+        let mut locks = self.lock_state();
+        let Some(slot) = locks.get_mut(&req.name) else { return };
+        slot.take_back(&req.owner, None, &req.id);
+        if let Some(place) = slot.queue.iter().find(|w| w.request == req.id) {
+            slot.leave_queue(place.id);
+        }
+    }
+
+    fn inspect(&self, name: &LockName) -> LockInfo {
+        let now = Instant::now();
+        let mut locks = self.lock_state();
+        match locks.get_mut(name) {
+            Some(slot) => {
+                slot.tidy(now);
+                LockInfo { holder: slot.holder_info(now), waiters: Some(slot.queue.len()) }
+            }
+            None => LockInfo { holder: None, waiters: Some(0) },
+        }
+    }
+}
+
+impl Slot {
+    fn leave_queue(&mut self, ticket: u64) {
+        let was_head = self.queue.front().is_some_and(|w| w.id == ticket);
+        self.queue.retain(|w| w.id != ticket);
+        if was_head && self.holder.is_none() {
+            self.wake_head();
+        }
     }
 }
 
@@ -232,6 +522,7 @@ pub struct MemoryHold {
     name: LockName,
     owner: OwnerId,
     token: u64,
+    grant: RequestId,
 }
 
 /// A waiter's place in a lock's FIFO queue.
@@ -259,62 +550,17 @@ impl Backend for MemoryBackend {
         req: &Request,
         ticket: &mut Option<MemoryTicket>,
     ) -> Result<Attempt<MemoryHold>, LockError> {
-        self.reach().await?;
-        let now = Instant::now();
-        let ttl = req.ttl();
-        let mut locks = self.shared.lock_state();
-        let slot = locks.entry(req.name.clone()).or_default();
-        slot.tidy(now);
-
-        if let Some(hold) = slot.holder.as_mut() {
-            if hold.owner == req.owner {
-                hold.count += 1;
-                // A re-entrant grant never shortens the existing hold.
-                hold.expires_at = hold.expires_at.max(now + ttl);
-                let token = hold.token;
-                drop_ticket(slot, ticket);
-                return Ok(Attempt::Granted {
-                    hold: MemoryHold { name: req.name.clone(), owner: req.owner.clone(), token },
-                    token: FencingToken::new(token),
-                });
-            }
-        }
-        // Our turn when nobody queues ahead of us (our own place may have lapsed if we
-        // were slow to come back; then an empty queue still means nobody is ahead).
-        let our_turn = slot.queue.front().is_none_or(|head| ticket.as_ref().is_some_and(|t| t.id == head.id));
-        if slot.holder.is_none() && our_turn {
-            slot.fence += 1;
-            let token = slot.fence;
-            slot.holder = Some(Hold { owner: req.owner.clone(), token, count: 1, expires_at: now + ttl });
-            drop_ticket(slot, ticket);
-            return Ok(Attempt::Granted {
-                hold: MemoryHold { name: req.name.clone(), owner: req.owner.clone(), token },
-                token: FencingToken::new(token),
-            });
-        }
-
-        // Busy: keep (or take) a place in the queue, refreshed on every attempt.
-        let place_expires = now + ttl;
-        match ticket {
-            Some(t) => match slot.queue.iter_mut().find(|w| w.id == t.id) {
-                Some(w) => w.expires_at = place_expires,
-                None => slot.queue.push_back(Waiter { id: t.id, notify: t.notify.clone(), expires_at: place_expires }),
-            },
-            None if req.blocking => {
-                let id = self.shared.next_ticket.fetch_add(1, Ordering::Relaxed);
-                let notify = Arc::new(Notify::new());
-                slot.queue.push_back(Waiter { id, notify: notify.clone(), expires_at: place_expires });
-                *ticket = Some(MemoryTicket { id, notify });
-            }
-            None => {}
-        }
-        let retry_after = match &slot.holder {
-            Some(h) => h.expires_at.saturating_duration_since(now),
-            // Free, but someone is ahead of us: they were woken; if they never come
-            // back, their place lapses by then.
-            None => slot.queue.front().map_or(Duration::ZERO, |w| w.expires_at.saturating_duration_since(now)),
-        };
-        Ok(Attempt::Busy { retry_after: Some(retry_after) })
+        // The ticket travels with the request and comes back with the reply; a reply that
+        // never comes loses it, and the give-back finds the place by the request id.
+        let (req_sent, mut carried) = (req.clone(), ticket.take());
+        let (attempt, carried) = self
+            .call(move |shared| {
+                let attempt = shared.attempt(&req_sent, &mut carried);
+                (attempt, carried)
+            })
+            .await?;
+        *ticket = carried;
+        Ok(attempt)
     }
 
     async fn wait(&self, req: &Request, ticket: &mut Option<MemoryTicket>, until: Instant) -> Result<(), LockError> {
@@ -322,70 +568,37 @@ impl Backend for MemoryBackend {
         let until = until.min(Instant::now() + req.ttl() / 2);
         match ticket {
             Some(t) => {
-                let _ = tokio::time::timeout_at(until.into(), t.notify.notified()).await;
+                let _ = tokio::time::timeout_at(until, t.notify.notified()).await;
             }
-            None => tokio::time::sleep_until(until.into()).await,
+            None => tokio::time::sleep_until(until).await,
         }
         Ok(())
     }
 
     async fn abandon(&self, req: &Request, ticket: MemoryTicket) {
-        let mut locks = self.shared.lock_state();
-        if let Some(slot) = locks.get_mut(&req.name) {
-            let was_head = slot.queue.front().is_some_and(|w| w.id == ticket.id);
-            slot.queue.retain(|w| w.id != ticket.id);
-            if was_head && slot.holder.is_none() {
-                slot.wake_head();
-            }
+        if let Some(slot) = self.shared.lock_state().get_mut(&req.name) {
+            slot.leave_queue(ticket.id);
         }
+    }
+
+    async fn give_back(&self, req: &Request, _ticket: Option<MemoryTicket>) {
+        let req = req.clone();
+        let _ = self.call(move |shared| shared.give_back(&req)).await;
     }
 
     async fn renew(&self, hold: &MemoryHold, ttl: Duration) -> Result<Renewal, LockError> {
-        self.reach().await?;
-        let now = Instant::now();
-        let mut locks = self.shared.lock_state();
-        let Some(slot) = locks.get_mut(&hold.name) else { return Ok(Renewal::Lost(LostReason::Expired)) };
-        slot.tidy(now);
-        Ok(match slot.holder.as_mut() {
-            Some(h) if h.owner == hold.owner && h.token == hold.token => {
-                h.expires_at = h.expires_at.max(now + ttl);
-                Renewal::Renewed
-            }
-            Some(_) => Renewal::Lost(LostReason::Stolen),
-            None => Renewal::Lost(LostReason::Expired),
-        })
+        let hold = hold.clone();
+        self.call(move |shared| shared.renew(&hold, ttl)).await
     }
 
     async fn release(&self, hold: &MemoryHold) -> Result<Release, LockError> {
-        self.reach().await?;
-        let now = Instant::now();
-        let mut locks = self.shared.lock_state();
-        let Some(slot) = locks.get_mut(&hold.name) else { return Ok(Release::NotHeld) };
-        slot.tidy(now);
-        match slot.holder.as_mut() {
-            Some(h) if h.owner == hold.owner && h.token == hold.token => {
-                h.count -= 1;
-                if h.count == 0 {
-                    slot.holder = None;
-                    slot.wake_head();
-                }
-                Ok(Release::Released)
-            }
-            _ => Ok(Release::NotHeld),
-        }
+        let hold = hold.clone();
+        self.call(move |shared| shared.release(&hold)).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
-        self.reach().await?;
-        let now = Instant::now();
-        let mut locks = self.shared.lock_state();
-        Ok(match locks.get_mut(name) {
-            Some(slot) => {
-                slot.tidy(now);
-                LockInfo { holder: slot.holder_info(now), waiters: Some(slot.queue.len()) }
-            }
-            None => LockInfo { holder: None, waiters: Some(0) },
-        })
+        let name = name.clone();
+        self.call(move |shared| shared.inspect(&name)).await
     }
 }
 
@@ -418,7 +631,7 @@ impl RawBaseline for MemoryBaseline {
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let req = baseline_request(name)?;
-        let hold = MemoryHold { name: name.clone(), owner: req.owner.clone(), token: 0 };
+        let hold = MemoryHold { name: name.clone(), owner: req.owner.clone(), token: 0, grant: req.id.clone() };
         self.backend.renew(&hold, req.ttl()).await.map(drop)
     }
 }
@@ -427,6 +640,7 @@ fn baseline_request(name: &LockName) -> Result<Request, LockError> {
     Ok(Request {
         name: name.clone(),
         owner: OwnerId::new("raw-baseline")?,
+        id: RequestId::new("raw-baseline", 0),
         mode: crate::LeaseMode::default(),
         blocking: false,
         fair: false,

@@ -1,9 +1,31 @@
-//! Per-client counters behind [`ClientStats`].
+//! Per-client counters, and the snapshot of them a client reports.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::locker::ClientStats;
+/// Counters of one client, for metrics and for tests that prove nothing leaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Locks granted to this client.
+    pub acquired: u64,
+    /// Leases released (explicitly or by drop).
+    pub released: u64,
+    /// Successful renewals.
+    pub renewals: u64,
+    /// Renewals that failed with an error (and may have been retried).
+    pub renewal_errors: u64,
+    /// Leases whose lost signal fired.
+    pub lost: u64,
+    /// `Lease` values alive now.
+    pub active_leases: u64,
+    /// Leases the renewal scheduler is tracking now.
+    pub scheduled: u64,
+    /// Acquires blocked now, waiting for a holder to let go.
+    pub waiting: u64,
+    /// Acquires under way (including those finishing in the background after their caller
+    /// gave up) and background releases of dropped leases.
+    pub in_flight: u64,
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
