@@ -3,16 +3,16 @@
 //! `scripts/bench` uses it to benchmark every backend on this machine.
 //!
 //! ```sh
-//! cargo run -p conformance --example servers
+//! cargo run -p dlock-testkit --example servers
 //! ```
 
 use std::io::{BufRead, Write};
 
-use conformance::supervisor::etcd::{EtcdConfig, EtcdServer};
-use conformance::supervisor::mariadb::MariaDbServer;
-use conformance::supervisor::postgres::PostgresServer;
-use conformance::supervisor::redis::{RedisConfig, RedisMasters, RedisServer};
-use conformance::supervisor::zookeeper::ZooKeeperServer;
+use dlock_testkit::supervisor::etcd::{EtcdConfig, EtcdServer};
+use dlock_testkit::supervisor::mariadb::MariaDbServer;
+use dlock_testkit::supervisor::postgres::PostgresServer;
+use dlock_testkit::supervisor::redis::{RedisConfig, RedisMasters, RedisServer};
+use dlock_testkit::supervisor::zookeeper::ZooKeeperServer;
 
 fn main() -> std::io::Result<()> {
     // A single Redis as most run it (no AOF); RedLock masters as its safety requires

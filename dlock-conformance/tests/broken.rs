@@ -2,17 +2,15 @@
 //! that guards against it, while the sound backend passes it.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::memory::MemoryFixture;
-use conformance::properties::{self, Case};
-use conformance::{FaultyClient, Fixture, Timing};
+use dlock_conformance::memory::MemoryFixture;
+use dlock_conformance::properties::{self, Case};
+use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, FullFixture, Restart, Timing};
+use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::memory::{MemoryBackend, MemoryHold, MemoryStore, MemoryTicket};
-use dlock_core::{
-    Attempt, Backend, Capabilities, Client, ClientConfig, FencingToken, LockError, LockInfo, LockName, Locker, Release,
-    Renewal, Request,
-};
+use dlock_core::{Capabilities, Client, ClientConfig, FencingToken, LockError, LockInfo, LockName, Locker};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flaw {
@@ -26,6 +24,8 @@ enum Flaw {
     ConstantToken,
     /// Grants without checking for a holder.
     NoExclusion,
+    /// Leaves the grant of an attempt whose reply was lost in place.
+    NoGiveBack,
 }
 
 struct Broken {
@@ -69,9 +69,14 @@ impl Backend for Broken {
         })
     }
 
-    async fn wait(&self, req: &Request, ticket: &mut Option<MemoryTicket>, until: Instant) -> Result<(), LockError> {
+    async fn wait(
+        &self,
+        req: &Request,
+        ticket: &mut Option<MemoryTicket>,
+        until: tokio::time::Instant,
+    ) -> Result<(), LockError> {
         if self.flaw == Flaw::ClaimsNotifyButSleeps {
-            tokio::time::sleep_until(until.into()).await;
+            tokio::time::sleep_until(until).await;
             return Ok(());
         }
         self.inner.wait(req, ticket, until).await
@@ -79,6 +84,16 @@ impl Backend for Broken {
 
     async fn abandon(&self, req: &Request, ticket: MemoryTicket) {
         self.inner.abandon(req, ticket).await
+    }
+
+    async fn give_back(&self, req: &Request, ticket: Option<MemoryTicket>) {
+        if self.flaw == Flaw::NoGiveBack {
+            if let Some(ticket) = ticket {
+                self.inner.abandon(req, ticket).await;
+            }
+            return;
+        }
+        self.inner.give_back(req, ticket).await
     }
 
     async fn renew(&self, hold: &BrokenHold, ttl: Duration) -> Result<Renewal, LockError> {
@@ -122,21 +137,30 @@ impl Fixture for BrokenFixture {
     async fn client(&self) -> Arc<dyn Locker> {
         self.client_of(self.sound.store().backend())
     }
+}
 
+#[async_trait]
+impl Evict for BrokenFixture {
+    async fn evict(&self, name: &LockName) {
+        self.sound.evict(name).await
+    }
+}
+
+#[async_trait]
+impl Faults for BrokenFixture {
     async fn faulty_client(&self) -> FaultyClient {
         let inner = self.sound.store().backend();
         let link = inner.link();
         FaultyClient { locker: self.client_of(inner), link: Box::new(link) }
     }
 
-    async fn evict(&self, name: &LockName) {
-        self.sound.evict(name).await
-    }
-
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
         self.sound.unreachable_client(timeout).await
     }
+}
 
+#[async_trait]
+impl Restart for BrokenFixture {
     async fn stop_backend(&self) {
         self.sound.stop_backend().await
     }
@@ -151,8 +175,8 @@ fn case(name: &str) -> Case {
 }
 
 /// Runs a case in its own task; true when it passed, false when it panicked.
-async fn passes(fixture: Box<dyn Fixture>, case: Case) -> bool {
-    let run = tokio::spawn(async move { (case.run)(&*fixture).await });
+async fn passes(fixture: Box<dyn FullFixture>, case: Case) -> bool {
+    let run = tokio::spawn(async move { case.run(&*fixture).await });
     match run.await {
         Ok(()) => true,
         Err(e) if e.is_panic() => false,
@@ -190,4 +214,9 @@ async fn catches_tokens_that_do_not_increase() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catches_missing_mutual_exclusion() {
     assert_caught(Flaw::NoExclusion, "mutual_exclusion").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_orphan_grants_of_lost_replies() {
+    assert_caught(Flaw::NoGiveBack, "acquire_whose_reply_was_lost_leaves_no_hold").await;
 }

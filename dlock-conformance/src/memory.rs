@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use dlock_core::memory::{MemoryLink, MemoryStore};
 use dlock_core::{Client, ClientConfig, LockError, LockName, Locker};
 
-use crate::fixture::{FaultyClient, Fixture, Link, Timing};
+use crate::fixture::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
 
 /// The in-process backend under test: one [`MemoryStore`], clients over it.
 #[derive(Clone, Default)]
@@ -38,37 +38,39 @@ impl MemoryFixture {
 }
 
 impl Link for MemoryLink {
-    fn cut(&self) {
-        MemoryLink::cut(self);
-    }
-
-    fn blackhole(&self) {
-        MemoryLink::blackhole(self);
-    }
-
-    fn restore(&self) {
-        MemoryLink::restore(self);
+    fn set(&self, fault: Fault) {
+        MemoryLink::set(self, fault);
     }
 }
 
 #[async_trait]
 impl Fixture for MemoryFixture {
     fn timing(&self) -> Timing {
-        Timing { ttl: Duration::from_millis(500), margin: Duration::from_secs(2) }
+        Timing {
+            ttl: Duration::from_millis(500),
+            margin: Duration::from_secs(2),
+            op_timeout: Self::config().op_timeout,
+        }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
         Arc::new(self.store.client_with(Self::config()))
     }
+}
 
+#[async_trait]
+impl Evict for MemoryFixture {
+    async fn evict(&self, name: &LockName) {
+        self.store.evict(name);
+    }
+}
+
+#[async_trait]
+impl Faults for MemoryFixture {
     async fn faulty_client(&self) -> FaultyClient {
         let backend = self.store.backend();
         let link = backend.link();
         FaultyClient { locker: Arc::new(Client::with_config(backend, Self::config())), link: Box::new(link) }
-    }
-
-    async fn evict(&self, name: &LockName) {
-        self.store.evict(name);
     }
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
@@ -76,7 +78,10 @@ impl Fixture for MemoryFixture {
         backend.link().cut();
         Ok(Arc::new(Client::with_config(backend, ClientConfig { op_timeout: timeout })))
     }
+}
 
+#[async_trait]
+impl Restart for MemoryFixture {
     async fn stop_backend(&self) {
         self.store.set_available(false);
     }

@@ -8,7 +8,7 @@ use dlock_core::{with_lock, LockError, LockName, LockOptions, LostReason, OwnerI
 use futures::stream::{self, StreamExt, TryStreamExt};
 
 use super::{assert_unsupported, eventually, unique_name, watchdog};
-use crate::fixture::Fixture;
+use crate::fixture::{Evict, Fixture};
 
 /// The same owner acquiring twice gets the same token, and the lock frees only after
 /// both holds are released (or explicit owners fail with `Unsupported`).
@@ -44,7 +44,7 @@ pub async fn reentrant_by_owner(f: &dyn Fixture) {
 
 /// When the lock is removed underneath its holder, the lost signal fires (within a
 /// renewal period), and `with_lock` cancels its work and returns `Lost`.
-pub async fn lost_when_removed_underneath(f: &dyn Fixture) {
+pub async fn lost_when_removed_underneath(f: &dyn Evict) {
     let timing = f.timing();
     let client = f.client().await;
     let name = unique_name("lost");

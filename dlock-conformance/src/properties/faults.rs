@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 use dlock_core::{LockError, LockOptions, LostReason};
 
 use super::{unique_name, watchdog};
-use crate::fixture::Fixture;
+use crate::fixture::{Faults, Restart};
 use crate::history::{FencedRegister, History, Op, Phase};
 
 /// A holder whose connection is cut frees the lock within ttl plus a margin; its lost
 /// signal fires, and its validity has ended by the time another client is granted.
-pub async fn vanished_holder_frees_within_ttl(f: &dyn Fixture) {
+pub async fn vanished_holder_frees_within_ttl(f: &dyn Faults) {
     let timing = f.timing();
     let faulty = f.faulty_client().await;
     let other = f.client().await;
@@ -47,7 +47,7 @@ pub async fn vanished_holder_frees_within_ttl(f: &dyn Fixture) {
 
 /// A backend that cannot be reached gives `Unavailable` within the configured timeout
 /// (plus a margin), never a hang, for acquire, try_acquire and inspect.
-pub async fn unreachable_backend_fails_fast(f: &dyn Fixture) {
+pub async fn unreachable_backend_fails_fast(f: &dyn Faults) {
     let margin = f.timing().margin;
     let timeout = Duration::from_millis(500);
     let bound = timeout * 2 + margin;
@@ -55,7 +55,7 @@ pub async fn unreachable_backend_fails_fast(f: &dyn Fixture) {
     let started = Instant::now();
     let client = match f.unreachable_client(timeout).await {
         Ok(client) => client,
-        Err(LockError::Unavailable(_)) => {
+        Err(LockError::Unavailable { .. }) => {
             assert!(started.elapsed() < bound, "connecting failed only after {:?}", started.elapsed());
             return;
         }
@@ -64,21 +64,21 @@ pub async fn unreachable_backend_fails_fast(f: &dyn Fixture) {
     let opts = LockOptions::new().wait(Duration::from_secs(60));
     let started = Instant::now();
     let acquired = client.acquire(&name, &opts).await;
-    assert!(matches!(acquired, Err(LockError::Unavailable(_))), "acquire: {acquired:?}");
+    assert!(matches!(acquired, Err(LockError::Unavailable { .. })), "acquire: {acquired:?}");
     assert!(started.elapsed() < bound, "acquire failed only after {:?}", started.elapsed());
     let started = Instant::now();
     let tried = client.try_acquire(&name, &opts).await;
-    assert!(matches!(tried, Err(LockError::Unavailable(_))), "try_acquire: {tried:?}");
+    assert!(matches!(tried, Err(LockError::Unavailable { .. })), "try_acquire: {tried:?}");
     assert!(started.elapsed() < bound, "try_acquire failed only after {:?}", started.elapsed());
     let started = Instant::now();
     let inspected = client.inspect(&name).await;
-    assert!(matches!(inspected, Err(LockError::Unavailable(_))), "inspect: {inspected:?}");
+    assert!(matches!(inspected, Err(LockError::Unavailable { .. })), "inspect: {inspected:?}");
     assert!(started.elapsed() < bound, "inspect failed only after {:?}", started.elapsed());
 }
 
 /// A holder frozen (its link blackholed) past its ttl loses the lock to another client,
 /// and when it wakes up its write to the fenced resource is refused.
-pub async fn paused_holder_is_fenced(f: &dyn Fixture) {
+pub async fn paused_holder_is_fenced(f: &dyn Faults) {
     let timing = f.timing();
     let history = History::new();
     let register = FencedRegister::new(history.clone());
@@ -119,7 +119,7 @@ pub async fn paused_holder_is_fenced(f: &dyn Fixture) {
 /// The backend is killed and restarted while a lock is held: the holder's lost signal
 /// fires, calls fail with `Unavailable` (no hang), the lock is usable again after the
 /// restart, and its tokens keep increasing.
-pub async fn backend_restart(f: &dyn Fixture) {
+pub async fn backend_restart(f: &dyn Restart) {
     let timing = f.timing();
     let (a, b) = (f.client().await, f.client().await);
     let name = unique_name("restart");
@@ -130,7 +130,7 @@ pub async fn backend_restart(f: &dyn Fixture) {
     let started = Instant::now();
     let denied = b.acquire(&name, &LockOptions::watchdog(timing.ttl).wait(Duration::from_secs(60))).await;
     assert!(
-        matches!(denied, Err(LockError::Unavailable(_))),
+        matches!(denied, Err(LockError::Unavailable { .. })),
         "acquire while the backend is down: expected Unavailable, got {denied:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(30), "the failure took {:?}", started.elapsed());

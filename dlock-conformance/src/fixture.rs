@@ -1,0 +1,123 @@
+//! What a backend's tests give the suite: independent clients, and, for the properties
+//! that need them, the means to hurt them. Each property's signature names the trait it
+//! needs: [`Fixture`] (plain clients: runs against any live backend, as `dlock check`
+//! does), [`Evict`], [`Faults`] or [`Restart`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{LockError, LockName, Locker};
+
+pub use dlock_core::memory::Fault;
+
+/// The time scale of one backend's tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// A short lease ttl the backend honours exactly (or rounds up).
+    pub ttl: Duration,
+    /// Slack added to every time bound, for shared and noisy machines.
+    pub margin: Duration,
+    /// The operation timeout of the fixture's clients: how long one call may take before
+    /// it fails with `Unavailable`.
+    pub op_timeout: Duration,
+}
+
+/// A switch on one client's link to the backend: a TCP fault proxy, or an in-process
+/// switch for backends without a network.
+pub trait Link: Send + Sync {
+    /// Plays `fault` from now on, for connections already open too.
+    fn set(&self, fault: Fault);
+
+    /// Closes the client's connections and refuses new ones.
+    fn cut(&self) {
+        self.set(Fault::Cut);
+    }
+
+    /// Keeps connections open but lets nothing through, as when a host freezes.
+    fn blackhole(&self) {
+        self.set(Fault::Blackhole);
+    }
+
+    /// Lets traffic flow again.
+    fn restore(&self) {
+        self.set(Fault::None);
+    }
+}
+
+/// A client whose link can be cut.
+pub struct FaultyClient {
+    /// The client.
+    pub locker: Arc<dyn Locker>,
+    /// Its link.
+    pub link: Box<dyn Link>,
+}
+
+impl std::fmt::Debug for FaultyClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyClient").field("backend", &self.locker.backend_name()).finish_non_exhaustive()
+    }
+}
+
+/// What a property needs from the fixture; [`Case::needs`](crate::properties::Case::needs)
+/// says it for each property.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Needs {
+    /// Only independent clients ([`Fixture`]): runs against any live backend.
+    Clients,
+    /// Removing a lock underneath its holder ([`Evict`]).
+    Evict,
+    /// Hurting a client's link, or a client of an unreachable backend ([`Faults`]).
+    Faults,
+    /// Stopping and restarting the backend ([`Restart`]).
+    Restart,
+}
+
+/// A backend under test: real servers started by the harness (or pointed to by
+/// `DLOCK_TEST_*_URL`), and independent clients of them.
+///
+/// Every method of this trait and the ones built on it panics when the setup itself
+/// fails: that is a broken test environment, not a property of the backend.
+#[async_trait]
+pub trait Fixture: Send + Sync {
+    /// The time scale of this backend's tests.
+    fn timing(&self) -> Timing;
+
+    /// A new client with its own connection(s) or session, independent of the others.
+    async fn client(&self) -> Arc<dyn Locker>;
+}
+
+/// A fixture that can remove a lock underneath its holder.
+#[async_trait]
+pub trait Evict: Fixture {
+    /// Removes the lock `name` underneath its holder, as an operator deleting the key
+    /// would; the fence counter stays.
+    async fn evict(&self, name: &LockName);
+}
+
+/// A fixture that can hurt a client's link to the backend.
+#[async_trait]
+pub trait Faults: Fixture {
+    /// A new client whose link to the backend can be hurt with any [`Fault`].
+    async fn faulty_client(&self) -> FaultyClient;
+
+    /// A client of a backend that cannot be reached, with the given operation and
+    /// connect timeout. Backends that connect eagerly may fail here instead, with
+    /// `Unavailable`, within the same bound.
+    async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError>;
+}
+
+/// A fixture that can stop and restart the backend.
+#[async_trait]
+pub trait Restart: Fixture {
+    /// Stops the backend (kill -9 of the server, keeping its data).
+    async fn stop_backend(&self);
+
+    /// Starts the stopped backend again on the same address and data.
+    async fn start_backend(&self);
+}
+
+/// A fixture with every capability: what a backend's own test suite provides.
+pub trait FullFixture: Evict + Faults + Restart {}
+
+impl<T: Evict + Faults + Restart> FullFixture for T {}

@@ -1,0 +1,187 @@
+//! The properties every backend must have, one `pub async fn` each.
+//!
+//! Each takes a [`Fixture`] and panics (with a message saying what broke) when the
+//! backend does not have the property. A capability the backend does not claim is
+//! checked too: asking for it must fail with `Unsupported`.
+
+mod ambiguity;
+mod basic;
+mod contention;
+mod expiry;
+mod faults;
+mod lifecycle;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+
+use crate::fixture::{Evict, Faults, Fixture, FullFixture, Needs, Restart};
+use dlock_core::{LockError, LockName, LockOptions};
+
+pub use ambiguity::*;
+pub use basic::*;
+pub use contention::*;
+pub use expiry::*;
+pub use faults::*;
+pub use lifecycle::*;
+
+/// How to run one property: a function of the fixture trait it needs.
+#[derive(Clone, Copy)]
+pub enum Run {
+    /// Needs only clients.
+    Clients(for<'a> fn(&'a dyn Fixture) -> BoxFuture<'a, ()>),
+    /// Needs to evict locks.
+    Evict(for<'a> fn(&'a dyn Evict) -> BoxFuture<'a, ()>),
+    /// Needs to hurt links.
+    Faults(for<'a> fn(&'a dyn Faults) -> BoxFuture<'a, ()>),
+    /// Needs to restart the backend.
+    Restart(for<'a> fn(&'a dyn Restart) -> BoxFuture<'a, ()>),
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Run::Clients(_) => "Run::Clients",
+            Run::Evict(_) => "Run::Evict",
+            Run::Faults(_) => "Run::Faults",
+            Run::Restart(_) => "Run::Restart",
+        })
+    }
+}
+
+/// One property of the suite.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// Its name (the function's name).
+    pub name: &'static str,
+    /// How to run it.
+    pub run: Run,
+}
+
+impl Case {
+    /// What it needs from the fixture.
+    pub fn needs(&self) -> Needs {
+        match self.run {
+            Run::Clients(_) => Needs::Clients,
+            Run::Evict(_) => Needs::Evict,
+            Run::Faults(_) => Needs::Faults,
+            Run::Restart(_) => Needs::Restart,
+        }
+    }
+
+    /// Runs it on a fixture with every capability.
+    pub fn run<'a>(&self, fixture: &'a dyn FullFixture) -> BoxFuture<'a, ()> {
+        match self.run {
+            Run::Clients(run) => run(fixture),
+            Run::Evict(run) => run(fixture),
+            Run::Faults(run) => run(fixture),
+            Run::Restart(run) => run(fixture),
+        }
+    }
+
+    /// Runs it on plain clients, if that is all it needs.
+    pub fn run_on_clients<'a>(&self, fixture: &'a dyn Fixture) -> Option<BoxFuture<'a, ()>> {
+        match self.run {
+            Run::Clients(run) => Some(run(fixture)),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case").field("name", &self.name).field("needs", &self.needs()).finish()
+    }
+}
+
+/// Calls the macro `$callback` with `{ $($pre)* }` followed by every property of the
+/// suite, as `name: Needs`, in the order the suite runs them. This list is the one place
+/// that names them: [`cases`] and [`suite!`](crate::suite) are both made from it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! for_each_case {
+    ($callback:ident { $($pre:tt)* }) => {
+        $crate::$callback! { { $($pre)* }
+            acquire_release: Clients,
+            mutual_exclusion: Clients,
+            try_acquire_returns_at_once: Clients,
+            wait_bound_times_out: Clients,
+            waiter_wakes_on_release: Clients,
+            fair_grants_follow_request_order: Clients,
+            stale_lease_cannot_release_or_extend: Evict,
+            vanished_holder_frees_within_ttl: Faults,
+            watchdog_keeps_lock: Clients,
+            fixed_lease_expires: Clients,
+            extend_prolongs_lease: Clients,
+            max_hold_stops_renewal: Clients,
+            tokens_increase_across_holders: Evict,
+            reentrant_by_owner: Clients,
+            lost_when_removed_underneath: Evict,
+            dropped_lease_frees_lock: Clients,
+            cancelled_acquire_leaves_nothing: Clients,
+            many_names_renewed_and_released: Clients,
+            bad_input_rejected: Clients,
+            awkward_names_do_not_collide: Clients,
+            unreachable_backend_fails_fast: Faults,
+            paused_holder_is_fenced: Faults,
+            backend_restart: Restart,
+            acquire_whose_reply_was_lost_leaves_no_hold: Faults,
+            release_whose_reply_was_lost_is_applied_once: Faults,
+            extend_whose_reply_was_lost_keeps_the_hold: Faults,
+            renewal_that_hangs_is_retried_within_validity: Faults,
+            holder_learns_first_under_one_way_partitions: Faults,
+            release_after_lost_is_not_held: Faults,
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! case_table {
+    ({} $($name:ident : $needs:ident),* $(,)?) => {
+        /// Every property, in the order the suite runs them.
+        pub fn cases() -> Vec<Case> {
+            vec![$(Case { name: stringify!($name), run: Run::$needs(|f| Box::pin($name(f))) }),*]
+        }
+    };
+}
+
+crate::for_each_case!(case_table {});
+
+/// A lock name no other test run uses, so tests can share an external server.
+pub fn unique_name(label: &str) -> LockName {
+    LockName::new(format!("dlock-test/{label}/{:016x}", fastrand::u64(..))).expect("valid name")
+}
+
+/// Polls `condition` every 10 ms until it holds; panics with `what` after `within`.
+/// This observes state the test cannot be notified of; it never stands in for a sleep.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: not true within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A watchdog lease of the fixture's ttl, waiting up to `wait`.
+pub(crate) fn watchdog(fixture: &dyn Fixture, wait: Duration) -> LockOptions {
+    LockOptions::watchdog(fixture.timing().ttl).wait(wait)
+}
+
+/// Asserts that `result` is `Err(Unsupported)`.
+pub(crate) fn assert_unsupported<T: std::fmt::Debug>(what: &str, result: Result<T, LockError>) {
+    match result {
+        Err(LockError::Unsupported(_)) => {}
+        other => panic!(
+            "{what}: the backend does not claim the capability, so this must fail with Unsupported; got {other:?}"
+        ),
+    }
+}
