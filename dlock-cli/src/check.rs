@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use clap::Args;
-use conformance::properties::{cases, Case};
-use conformance::{FaultyClient, Fixture, Needs, Timing};
-use dlock::{LockError, LockName, Locker};
+use dlock::{ClientConfig, Locker};
+use dlock_conformance::properties::{cases, Case};
+use dlock_conformance::{Fixture, Needs, Timing};
 
 use crate::exit::Failure;
 use crate::{duration_arg, target};
@@ -42,26 +42,6 @@ impl Fixture for Live {
     async fn client(&self) -> Arc<dyn Locker> {
         dlock::connect(&self.url).await.unwrap_or_else(|e| panic!("connect to {}: {e}", self.url))
     }
-
-    async fn faulty_client(&self) -> FaultyClient {
-        unreachable!("dlock check runs only the properties that need clients")
-    }
-
-    async fn evict(&self, _: &LockName) {
-        unreachable!("dlock check runs only the properties that need clients")
-    }
-
-    async fn unreachable_client(&self, _: Duration) -> Result<Arc<dyn Locker>, LockError> {
-        unreachable!("dlock check runs only the properties that need clients")
-    }
-
-    async fn stop_backend(&self) {
-        unreachable!("dlock check runs only the properties that need clients")
-    }
-
-    async fn start_backend(&self) {
-        unreachable!("dlock check runs only the properties that need clients")
-    }
 }
 
 pub(crate) async fn check(url: Option<String>, args: CheckArgs) -> Result<ExitCode, Failure> {
@@ -71,11 +51,13 @@ pub(crate) async fn check(url: Option<String>, args: CheckArgs) -> Result<ExitCo
     let backend = probe.backend_name();
     drop(probe);
 
-    let fixture: Arc<dyn Fixture> =
-        Arc::new(Live { url: url.clone(), timing: Timing { ttl: args.ttl, margin: args.margin } });
+    // The URL's own op_timeout, if it sets one, only makes calls fail sooner; the
+    // properties run here do not depend on it.
+    let timing = Timing { ttl: args.ttl, margin: args.margin, op_timeout: ClientConfig::default().op_timeout };
+    let fixture: Arc<dyn Fixture> = Arc::new(Live { url: url.clone(), timing });
     let selected: Vec<Case> =
         cases().into_iter().filter(|c| args.only.as_deref().is_none_or(|text| c.name.contains(text))).collect();
-    let (runnable, skipped): (Vec<Case>, Vec<Case>) = selected.into_iter().partition(|c| c.needs == Needs::Clients);
+    let (runnable, skipped): (Vec<Case>, Vec<Case>) = selected.into_iter().partition(|c| c.needs() == Needs::Clients);
 
     let panics = capture_panic_messages();
     println!("dlock check: {backend} at {url}");
@@ -84,7 +66,11 @@ pub(crate) async fn check(url: Option<String>, args: CheckArgs) -> Result<ExitCo
     for case in &runnable {
         let started = Instant::now();
         let (fixture, case) = (fixture.clone(), *case);
-        let run = tokio::spawn(async move { (case.run)(&*fixture).await });
+        let run = tokio::spawn(async move {
+            if let Some(run) = case.run_on_clients(&*fixture) {
+                run.await;
+            }
+        });
         let outcome = run.await;
         let took = started.elapsed();
         let (result, detail) = match outcome {

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use conformance::supervisor::free_port;
+use dlock_testkit::supervisor::free_port;
 
 /// The binary under test.
 fn dlock(url: &str) -> Command {
@@ -145,7 +145,7 @@ fn unreachable_backend_exits_69() {
 
 mod redis {
     use super::*;
-    use conformance::supervisor::redis::{RedisConfig, RedisServer};
+    use dlock_testkit::supervisor::redis::{RedisConfig, RedisServer};
 
     fn server() -> RedisServer {
         RedisServer::start(&RedisConfig::default()).expect("start redis-server")
@@ -169,7 +169,7 @@ mod redis {
 
 mod zookeeper {
     use super::*;
-    use conformance::supervisor::zookeeper::ZooKeeperServer;
+    use dlock_testkit::supervisor::zookeeper::ZooKeeperServer;
 
     #[test]
     fn processes_exclude_each_other() {
@@ -237,7 +237,7 @@ mod sqlite {
 
 mod postgres {
     use super::*;
-    use conformance::supervisor::postgres::PostgresServer;
+    use dlock_testkit::supervisor::postgres::PostgresServer;
 
     #[test]
     fn processes_exclude_each_other() {
@@ -257,7 +257,7 @@ mod postgres {
 
 mod mariadb {
     use super::*;
-    use conformance::supervisor::mariadb::MariaDbServer;
+    use dlock_testkit::supervisor::mariadb::MariaDbServer;
 
     #[test]
     fn processes_exclude_each_other() {
@@ -278,7 +278,7 @@ mod mariadb {
 #[cfg(feature = "etcd")]
 mod etcd {
     use super::*;
-    use conformance::supervisor::etcd::{EtcdConfig, EtcdServer};
+    use dlock_testkit::supervisor::etcd::{EtcdConfig, EtcdServer};
 
     #[test]
     fn processes_exclude_each_other() {
@@ -298,7 +298,7 @@ mod etcd {
 
 mod redlock {
     use super::*;
-    use conformance::supervisor::redis::{RedisConfig, RedisMasters};
+    use dlock_testkit::supervisor::redis::{RedisConfig, RedisMasters};
 
     fn masters() -> RedisMasters {
         RedisMasters::start(5, &RedisConfig { persistent: true, ..RedisConfig::default() }).expect("start 5 masters")

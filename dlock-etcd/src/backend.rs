@@ -5,10 +5,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backend, Capabilities, Holder, LeaseMode, LockError, LockInfo, LockName, LostReason, LostSignal, Release,
-    Renewal, Request,
-};
+use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
+use dlock_core::{Capabilities, Holder, LeaseMode, LockError, LockInfo, LockName, LostReason};
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
@@ -170,7 +168,7 @@ impl Shared {
                 }
             }
         }
-        Err(LockError::Unavailable("etcd: the lease kept disappearing under the request".into()))
+        Err(LockError::unavailable("etcd: the lease kept disappearing under the request"))
     }
 
     /// A re-entrant acquire of a key this client holds for the same owner: one more count,
@@ -454,7 +452,12 @@ impl Backend for EtcdBackend {
         self.shared.attempt(req, ticket).await
     }
 
-    async fn wait(&self, req: &Request, ticket: &mut Option<EtcdTicket>, until: Instant) -> Result<(), LockError> {
+    async fn wait(
+        &self,
+        req: &Request,
+        ticket: &mut Option<EtcdTicket>,
+        until: tokio::time::Instant,
+    ) -> Result<(), LockError> {
         queue::wait(&self.shared, req, ticket, until).await
     }
 

@@ -149,7 +149,7 @@ impl Cluster {
                 }
                 Err(_) => {
                     self.rotate(index);
-                    return Err(LockError::Unavailable(format!("etcd {what} did not complete within {limit:?}")));
+                    return Err(LockError::unavailable(format!("etcd {what} did not complete within {limit:?}")));
                 }
             };
             self.rotate(index);

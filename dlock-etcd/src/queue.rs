@@ -18,7 +18,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_core::{Attempt, LockError, Request};
+use dlock_core::backend::{Attempt, Request};
+use dlock_core::LockError;
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
     WatchOptions, WatchStream,
@@ -196,9 +197,10 @@ pub(crate) async fn wait(
     shared: &Shared,
     req: &Request,
     slot: &mut Option<EtcdTicket>,
-    until: Instant,
+    until: tokio::time::Instant,
 ) -> Result<(), LockError> {
     let _ = req;
+    let until = until.into_std();
     let Some(ticket) = slot.as_mut() else {
         tokio::time::sleep_until(until.into()).await;
         return Ok(());

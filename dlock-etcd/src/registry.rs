@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use dlock_core::{LostSignal, OwnerId};
+use dlock_core::backend::LostSignal;
+use dlock_core::OwnerId;
 
 use crate::session::Session;
 

@@ -324,7 +324,7 @@ impl Rounds {
             Ok(both) => both,
             Err(_) => {
                 let err =
-                    || LockError::Unavailable(format!("etcd keepalive did not complete within {:?}", self.op_timeout));
+                    || LockError::unavailable(format!("etcd keepalive did not complete within {:?}", self.op_timeout));
                 for r in batch {
                     let _ = r.reply.send(Err(err()));
                 }
@@ -419,7 +419,7 @@ impl Rounds {
 /// `LockError` is not `Clone`; a round's one failure is told to each of its probes.
 fn clone_err(err: &LockError) -> LockError {
     match err {
-        LockError::Unavailable(why) => LockError::Unavailable(why.clone()),
+        LockError::Unavailable { what, .. } => LockError::unavailable(what.clone()),
         other => LockError::backend(EtcdError::Round(other.to_string())),
     }
 }
@@ -477,7 +477,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use conformance::supervisor::etcd::{EtcdConfig, EtcdServer};
+    use dlock_testkit::supervisor::etcd::{EtcdConfig, EtcdServer};
     use etcd_client::{ConnectOptions, PutOptions};
 
     struct Quiet;

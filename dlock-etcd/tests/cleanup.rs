@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::EtcdFixture;
-use conformance::properties::{eventually, unique_name};
-use conformance::Link;
+use dlock_conformance::properties::{eventually, unique_name};
+use dlock_conformance::Link;
 use dlock_core::{LockError, LockOptions, Locker};
 
 const MARGIN: Duration = Duration::from_secs(8);
@@ -16,7 +16,7 @@ const MARGIN: Duration = Duration::from_secs(8);
 /// although another lock keeps the same lease alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_release_is_finished_in_the_background() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = EtcdFixture::start().await;
     let (client, link) = fixture.proxied().await;
     let other = fixture.locker().await;
@@ -27,7 +27,7 @@ async fn failed_release_is_finished_in_the_background() {
 
     link.cut();
     let failed = lease.release().await;
-    assert!(matches!(failed, Err(LockError::Unavailable(_))), "release while cut off: {failed:?}");
+    assert!(matches!(failed, Err(LockError::Unavailable { .. })), "release while cut off: {failed:?}");
     link.restore();
 
     // Far sooner than the 30 s the lease would take to expire.
@@ -42,7 +42,7 @@ async fn failed_release_is_finished_in_the_background() {
 /// key in the queue once etcd is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_that_gave_up_while_cut_off_leaves_the_queue() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = EtcdFixture::start().await;
     let (client, link) = fixture.proxied().await;
     let (holder, admin) = (fixture.locker().await, fixture.locker().await);
@@ -62,7 +62,7 @@ async fn waiter_that_gave_up_while_cut_off_leaves_the_queue() {
     link.cut();
     // The acquire gives its place up (and fails to delete its key) before it returns.
     let gave_up = waiting.await.expect("task");
-    assert!(matches!(gave_up, Err(LockError::Timeout | LockError::Unavailable(_))), "{gave_up:?}");
+    assert!(matches!(gave_up, Err(LockError::Timeout | LockError::Unavailable { .. })), "{gave_up:?}");
     link.restore();
 
     eventually("the abandoned key leaves the queue", MARGIN, || async {

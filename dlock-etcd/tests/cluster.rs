@@ -6,13 +6,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::history::{FencedRegister, History, Op, Phase};
-use conformance::properties::{eventually, unique_name};
-use conformance::proxy::FaultProxy;
-use conformance::supervisor::etcd::{EtcdCluster, EtcdConfig as ServerConfig};
-use conformance::Link;
+use dlock_conformance::history::{FencedRegister, History, Op, Phase};
+use dlock_conformance::properties::{eventually, unique_name};
+use dlock_conformance::Link;
 use dlock_core::{FencingToken, LockError, LockName, LockOptions, Locker, LostReason};
 use dlock_etcd::EtcdLocker;
+use dlock_testkit::proxy::FaultProxy;
+use dlock_testkit::supervisor::etcd::{EtcdCluster, EtcdConfig as ServerConfig};
 use etcd_client::TxnOp;
 
 const MARGIN: Duration = Duration::from_secs(5);
@@ -69,7 +69,7 @@ async fn hold_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_while_held_and_waited_for() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let mut cluster = start_cluster().await;
     let url = cluster.url();
     let admin = connect(&url).await;
@@ -134,7 +134,7 @@ async fn leader_killed_while_held_and_waited_for() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_holder_loses_the_lock_and_its_guarded_write() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let mut cluster = start_cluster().await;
     let url = cluster.url();
     let ttl = Duration::from_secs(1);

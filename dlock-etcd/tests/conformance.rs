@@ -2,4 +2,4 @@
 
 mod common;
 
-conformance::suite!(common::EtcdFixture::start().await);
+dlock_conformance::suite!(common::EtcdFixture::start().await);

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use conformance::properties::unique_name;
-use conformance::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer};
+use dlock_conformance::properties::unique_name;
 use dlock_core::{LockName, LockOptions, Locker};
 use dlock_etcd::EtcdConfig;
+use dlock_testkit::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer};
 use futures::stream::{self, StreamExt, TryStreamExt};
 
 /// Request counters of one server, by gRPC method.

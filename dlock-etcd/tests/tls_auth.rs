@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use conformance::properties::unique_name;
-use conformance::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer, EtcdTls};
-use conformance::supervisor::tls::TestPki;
+use dlock_conformance::properties::unique_name;
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_etcd::EtcdConfig;
+use dlock_testkit::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer, EtcdTls};
+use dlock_testkit::supervisor::tls::TestPki;
 
 /// A CA, a server certificate for 127.0.0.1, and a client certificate for `root`.
 struct Pki(TestPki);
@@ -86,9 +86,9 @@ async fn tls_with_user_and_password() {
     lock_once(&locker).await;
 
     let wrong = refused(&url(&server, "root:wrong@", &ca)).await;
-    assert!(!matches!(wrong, LockError::Unavailable(_)), "a wrong password is not an outage: {wrong}");
+    assert!(!matches!(wrong, LockError::Unavailable { .. }), "a wrong password is not an outage: {wrong}");
     let anonymous = refused(&url(&server, "", &ca)).await;
-    assert!(!matches!(anonymous, LockError::Unavailable(_)), "a missing user is not an outage: {anonymous}");
+    assert!(!matches!(anonymous, LockError::Unavailable { .. }), "a missing user is not an outage: {anonymous}");
     // The server's certificate is not signed by a CA the system trusts.
     let untrusted = refused(&url(&server, "root:s3cret@", "")).await;
     assert!(untrusted.to_string().contains("certificate"), "{untrusted}");

@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::EtcdFixture;
-use conformance::properties::{eventually, unique_name};
-use conformance::Link;
+use dlock_conformance::properties::{eventually, unique_name};
+use dlock_conformance::Link;
 use dlock_core::{LockName, LockOptions, Locker};
 use dlock_etcd::EtcdLocker;
 use etcd_client::{GetOptions, SortOrder, SortTarget};
@@ -36,7 +36,7 @@ async fn queued(admin: &EtcdLocker, name: &LockName, waiters: usize) -> bool {
 /// that was behind it gets the lock, and the revoked waiter queues again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_whose_lease_was_revoked_does_not_take_the_lock() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = EtcdFixture::start().await;
     let (admin, holder, first, second) =
         (fixture.locker().await, fixture.locker().await, fixture.locker().await, fixture.locker().await);
@@ -83,7 +83,7 @@ async fn waiter_whose_lease_was_revoked_does_not_take_the_lock() {
 /// waiter behind it holds the lock, and it queues again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_whose_lease_expired_while_blocked_does_not_take_the_lock() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = EtcdFixture::start().await;
     let (admin, holder, second) = (fixture.locker().await, fixture.locker().await, fixture.locker().await);
     let (first, link) = fixture.proxied().await;

@@ -1,13 +1,11 @@
 //! The Redis [`Backend`]: each operation is one script call on the command connection;
 //! waiters sleep on the shared pub/sub connection until a release or the holder's ttl.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backend, Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId, Release, Renewal,
-    Request,
-};
+use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
+use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId};
 use redis::Value;
 
 use crate::config::ReplicaAck;
@@ -173,12 +171,17 @@ impl Backend for RedisBackend {
         })
     }
 
-    async fn wait(&self, _req: &Request, ticket: &mut Option<Registration>, until: Instant) -> Result<(), LockError> {
+    async fn wait(
+        &self,
+        _req: &Request,
+        ticket: &mut Option<Registration>,
+        until: tokio::time::Instant,
+    ) -> Result<(), LockError> {
         match ticket {
             Some(registration) => {
-                let _ = tokio::time::timeout_at(until.into(), registration.notified()).await;
+                let _ = tokio::time::timeout_at(until, registration.notified()).await;
             }
-            None => tokio::time::sleep_until(until.into()).await,
+            None => tokio::time::sleep_until(until).await,
         }
         Ok(())
     }

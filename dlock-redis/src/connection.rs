@@ -147,11 +147,11 @@ pub(crate) async fn connect(config: &RedisConfig) -> Result<Connected, LockError
     match tokio::time::timeout(timeout, attempt).await {
         Ok(Ok(connected)) => Ok(connected),
         Ok(Err(err)) if crate::error::is_transient(&err) => {
-            Err(LockError::Unavailable(format!("cannot connect to Redis ({}): {err}", describe(config))))
+            Err(LockError::unavailable(format!("cannot connect to Redis ({}): {err}", describe(config))))
         }
         Ok(Err(err)) => Err(to_lock_error(err)),
         Err(_) => {
-            Err(LockError::Unavailable(format!("cannot connect to Redis ({}) within {timeout:?}", describe(config))))
+            Err(LockError::unavailable(format!("cannot connect to Redis ({}) within {timeout:?}", describe(config))))
         }
     }
 }

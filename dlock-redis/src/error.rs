@@ -8,7 +8,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 /// the rest.
 pub(crate) fn to_lock_error(err: RedisError) -> LockError {
     if is_transient(&err) {
-        LockError::Unavailable(format!("redis: {err}"))
+        LockError::unavailable(format!("redis: {err}"))
     } else {
         LockError::backend(err)
     }
@@ -53,7 +53,7 @@ mod tests {
     #[test]
     fn io_errors_are_unavailable() {
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert!(matches!(to_lock_error(refused), LockError::Unavailable(_)));
+        assert!(matches!(to_lock_error(refused), LockError::Unavailable { .. }));
         let parse = RedisError::from((ErrorKind::UnexpectedReturnType, "bad"));
         assert!(matches!(to_lock_error(parse), LockError::Backend(_)));
     }

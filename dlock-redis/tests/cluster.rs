@@ -6,9 +6,9 @@ mod support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use conformance::supervisor::redis::{cli, RedisCluster};
 use dlock_core::{LockName, LockOptions, Locker};
 use dlock_redis::{KeyLayout, RedisConfig};
+use dlock_testkit::supervisor::redis::{cli, RedisCluster};
 
 fn slot_of(cluster: &RedisCluster, key: &str) -> u16 {
     cli(cluster.addrs()[0], &["CLUSTER", "KEYSLOT", key]).unwrap().trim().parse().unwrap()
@@ -81,7 +81,7 @@ async fn locks_on_every_node_of_a_cluster() {
             let (b, name, opts) = (b.clone(), name.clone(), opts.clone());
             tokio::spawn(async move { b.acquire(&name, &opts).await })
         };
-        conformance::properties::eventually("the waiter waits", Duration::from_secs(5), || async {
+        dlock_conformance::properties::eventually("the waiter waits", Duration::from_secs(5), || async {
             b.stats().waiting == 1
         })
         .await;

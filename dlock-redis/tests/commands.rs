@@ -5,9 +5,9 @@ mod support;
 
 use std::time::Duration;
 
-use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
 use dlock_core::{LockName, LockOptions, Locker};
 use dlock_redis::scripts::scripts;
+use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
 use support::monitor::{client_commands, Monitor, Sent};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,7 +45,7 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
         let (waiter, name) = (waiter.clone(), name.clone());
         tokio::spawn(async move { waiter.acquire(&name, &LockOptions::new().wait(Duration::from_secs(20))).await })
     };
-    conformance::properties::eventually("the waiter waits", Duration::from_secs(5), || async {
+    dlock_conformance::properties::eventually("the waiter waits", Duration::from_secs(5), || async {
         waiter.stats().waiting == 1
     })
     .await;

@@ -2,4 +2,4 @@
 
 mod support;
 
-conformance::suite!(support::RedisFixture::new());
+dlock_conformance::suite!(support::RedisFixture::new());

@@ -2,4 +2,4 @@
 
 mod support;
 
-conformance::suite!(support::redlock::RedLockFixture::new());
+dlock_conformance::suite!(support::redlock::RedLockFixture::new());

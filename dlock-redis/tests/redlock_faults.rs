@@ -8,14 +8,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance::history::{FencedRegister, History, Op, Phase};
-use conformance::{Fixture, Timing};
+use dlock_conformance::history::{FencedRegister, History, Op, Phase};
+use dlock_conformance::{Fixture, Timing};
 use dlock_core::{LockError, LockName, LockOptions, LostReason};
 use support::redlock::{RedLockFixture, MASTERS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_masters_down_keep_the_lock_three_lose_it() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = RedLockFixture::new();
     // One lease renewed: a short ttl keeps the test short.
     let timing = Timing { ttl: Duration::from_secs(2), ..fixture.timing() };
@@ -67,7 +67,7 @@ async fn two_masters_down_keep_the_lock_three_lose_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_increase_across_200_holders_while_masters_restart() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     const HOLDERS: usize = 200;
     const WORKERS: usize = 4;
     let fixture = Arc::new(RedLockFixture::new());
@@ -157,7 +157,7 @@ async fn tokens_increase_across_200_holders_while_masters_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proposal_below_the_counters_is_refused_and_the_next_goes_above() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = RedLockFixture::new();
     let client = fixture.client().await;
     let name = LockName::new("faults/counters-ahead").unwrap();

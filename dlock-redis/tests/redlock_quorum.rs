@@ -6,8 +6,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use conformance::properties::eventually;
-use conformance::{Fixture, Link};
+use dlock_conformance::properties::eventually;
+use dlock_conformance::{Fixture, Link};
 use dlock_core::{LockError, LockName, LockOptions, Locker};
 use dlock_redis::redlock::{self, RedLockLocker};
 use support::redlock::{RedLockFixture, MASTERS};
@@ -23,7 +23,7 @@ const FAST: Duration = Duration::from_secs(3);
 const QUORUM: usize = MASTERS / 2 + 1;
 
 /// A client whose link to each master goes through a proxy of its own.
-async fn proxied_client(fixture: &RedLockFixture) -> (RedLockLocker, Vec<conformance::proxy::ProxyLink>) {
+async fn proxied_client(fixture: &RedLockFixture) -> (RedLockLocker, Vec<dlock_testkit::proxy::ProxyLink>) {
     let (config, links) = fixture.proxied().await;
     let locker = redlock::connect(config.with_node_timeout(NODE_TIMEOUT)).await.expect("connect");
     (locker, links)
@@ -57,7 +57,7 @@ fn subset(mask: u32) -> Vec<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_succeeds_exactly_when_a_quorum_is_reachable() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = RedLockFixture::new();
     let (locker, links) = proxied_client(&fixture).await;
     let name = LockName::new("quorum/every-subset").unwrap();
@@ -79,7 +79,7 @@ async fn acquire_succeeds_exactly_when_a_quorum_is_reachable() {
         } else {
             match acquired {
                 Err(LockError::QuorumNotReached { got, needed: QUORUM }) if got == reachable && reachable > 0 => {}
-                Err(LockError::Unavailable(_)) if reachable == 0 => {}
+                Err(LockError::Unavailable { .. }) if reachable == 0 => {}
                 other => panic!("nodes {cut:?} cut, {reachable} reachable: expected a quorum failure, got {other:?}"),
             }
             assert!(took < FAST, "nodes {cut:?} cut: the failure took {took:?} (ttl {TTL:?})");
@@ -91,7 +91,7 @@ async fn acquire_succeeds_exactly_when_a_quorum_is_reachable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_masters_cost_the_node_timeout_not_the_ttl() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = RedLockFixture::new();
     let (locker, links) = proxied_client(&fixture).await;
     let other = fixture.client().await;

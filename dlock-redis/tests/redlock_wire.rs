@@ -7,12 +7,12 @@ mod support;
 
 use std::time::Duration;
 
-use conformance::properties::eventually;
-use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters};
+use dlock_conformance::properties::eventually;
 use dlock_core::{LockName, LockOptions, Locker};
 use dlock_redis::redlock::{self, RedLockConfig, RedLockLocker, TokenSource};
 use dlock_redis::scripts::scripts;
 use dlock_redis::Node;
+use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters};
 use support::monitor::{client_commands, Monitor, Sent};
 
 fn masters(count: usize) -> RedisMasters {
@@ -67,7 +67,7 @@ fn names(sent: &[&Sent]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_acquire_and_release_are_one_fan_out_each() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let masters = masters(5);
     let locker = redlock::connect(config(&masters)).await.unwrap();
     let name = LockName::new("wire/uncontended").unwrap();
@@ -88,7 +88,7 @@ async fn an_uncontended_acquire_and_release_are_one_fan_out_each() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reading_the_counters_first_adds_one_get_per_node() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let masters = masters(3);
     let locker = redlock::connect(config(&masters).with_token_source(TokenSource::ReadFirst)).await.unwrap();
     let name = LockName::new("wire/read-first").unwrap();
@@ -113,7 +113,7 @@ async fn reading_the_counters_first_adds_one_get_per_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_subscribes_on_every_node_before_looking_again() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let masters = masters(5);
     let config = config(&masters);
     let (holder, waiter) = (redlock::connect(config.clone()).await.unwrap(), redlock::connect(config).await.unwrap());
@@ -145,7 +145,7 @@ async fn a_waiter_subscribes_on_every_node_before_looking_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn url_settings_reach_every_node() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let args = ["--user", "default", "off", "--user", "locks", "on", ">s3cr%t", "~*", "&*", "+@all"];
     let masters =
         RedisMasters::start(3, &ServerConfig { persistent: false, extra_args: args.map(String::from).to_vec() })

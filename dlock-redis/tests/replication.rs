@@ -5,9 +5,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisSentinel, RedisServer};
 use dlock_core::{LockError, LockName, LockOptions, Locker};
 use dlock_redis::RedisConfig;
+use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisSentinel, RedisServer};
 
 fn master_and_replica() -> (RedisServer, RedisServer) {
     let master = RedisServer::start(&ServerConfig::default()).expect("start the master");
@@ -80,19 +80,23 @@ async fn locks_through_sentinel_follow_a_failover() {
     // The other replica follows the new master; until it does, the old master can still
     // have a write acknowledged (the window WAIT narrows but cannot close).
     let follows = format!("master_port:{}", new.port());
-    conformance::properties::eventually("the other replica follows the new master", Duration::from_secs(20), || {
-        let other = replicas.iter().find(|r| r.addr() != new).unwrap();
-        let info = other.cli(&["INFO", "replication"]).unwrap_or_default();
-        let ok = info.contains(&follows) && info.contains("master_link_status:up");
-        async move { ok }
-    })
+    dlock_conformance::properties::eventually(
+        "the other replica follows the new master",
+        Duration::from_secs(20),
+        || {
+            let other = replicas.iter().find(|r| r.addr() != new).unwrap();
+            let info = other.cli(&["INFO", "replication"]).unwrap_or_default();
+            let ok = info.contains(&follows) && info.contains("master_link_status:up");
+            async move { ok }
+        },
+    )
     .await;
 
     let failed_over = Instant::now();
     let after = loop {
         match b.acquire(&name, &LockOptions::new().wait(Duration::from_secs(1))).await {
             Ok(lease) => break lease,
-            Err(LockError::Unavailable(_) | LockError::QuorumNotReached { .. } | LockError::Timeout) => {
+            Err(LockError::Unavailable { .. } | LockError::QuorumNotReached { .. } | LockError::Timeout) => {
                 assert!(failed_over.elapsed() < Duration::from_secs(8), "no lock through Sentinel after the failover");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

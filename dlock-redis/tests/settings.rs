@@ -4,9 +4,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
 use dlock_core::{LockError, LockName, LockOptions, Locker};
 use dlock_redis::RedisConfig;
+use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
 
 fn server_with_acl_user() -> RedisServer {
     let args = ["--user", "default", "off", "--user", "locks", "on", ">s3cr%t", "~*", "&*", "+@all"];
@@ -44,7 +44,7 @@ async fn wrong_credentials_fail_without_hanging() {
         let result = dlock_redis::connect(RedisConfig::from_url(&url).unwrap()).await;
         assert!(started.elapsed() < Duration::from_secs(3), "{url}: {:?}", started.elapsed());
         match result {
-            Err(LockError::Backend(_) | LockError::Unavailable(_)) => {}
+            Err(LockError::Backend(_) | LockError::Unavailable { .. }) => {}
             other => panic!("{url}: expected an error, got {:?}", other.map(|_| "a client")),
         }
     }

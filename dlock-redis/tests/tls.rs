@@ -5,12 +5,12 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use conformance::supervisor::free_port;
-use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters, RedisServer};
-use conformance::supervisor::tls::TestPki;
 use dlock_core::{LockName, LockOptions, Locker};
 use dlock_redis::redlock::{self, RedLockConfig};
 use dlock_redis::RedisConfig;
+use dlock_testkit::supervisor::free_port;
+use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters, RedisServer};
+use dlock_testkit::supervisor::tls::TestPki;
 
 /// The arguments of a redis-server that also listens for TLS on `tls_port`.
 fn tls_args(certs: &Path, tls_port: u16) -> Vec<String> {
@@ -46,7 +46,7 @@ async fn locks_over_tls() {
         let (b, name) = (b.clone(), name.clone());
         tokio::spawn(async move { b.acquire(&name, &LockOptions::new().wait(Duration::from_secs(10))).await })
     };
-    conformance::properties::eventually("the waiter waits", Duration::from_secs(5), || async {
+    dlock_conformance::properties::eventually("the waiter waits", Duration::from_secs(5), || async {
         b.stats().waiting == 1
     })
     .await;

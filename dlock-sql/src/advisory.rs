@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
 use dlock_core::{
-    Attempt, Backend, Capabilities, Client, ClientConfig, FencingToken, Holder, LockError, LockInfo, LockName,
-    LostReason, LostSignal, OwnerId, Release, Renewal, Request,
+    Capabilities, Client, ClientConfig, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId,
 };
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::watch;
@@ -152,7 +152,7 @@ impl AdvisoryBackend {
             };
             tokio::time::timeout(timeout, work)
                 .await
-                .unwrap_or_else(|_| Err(LockError::Unavailable("creating the advisory table timed out".into())))?;
+                .unwrap_or_else(|_| Err(LockError::unavailable("creating the advisory table timed out")))?;
         }
         let backend = AdvisoryBackend {
             shared: Arc::new(Shared {
@@ -293,7 +293,7 @@ impl AdvisoryBackend {
             return Err(LockError::InvalidInput("advisory locks need a database server".into()));
         };
         let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad URL: {e}"));
-        let unavailable = |e: std::io::Error| LockError::Unavailable(format!("cannot reach the database: {e}"));
+        let unavailable = |e: std::io::Error| LockError::unavailable(format!("cannot reach the database: {e}"));
         let timeout = config.connect_timeout;
         let connect = async {
             Ok::<_, LockError>(match config.dialect {
@@ -319,7 +319,7 @@ impl AdvisoryBackend {
         };
         let (conn, relay): (SessionConn, Relay) = tokio::time::timeout(timeout, connect)
             .await
-            .map_err(|_| LockError::Unavailable(format!("opening a session took over {timeout:?}")))??;
+            .map_err(|_| LockError::unavailable(format!("opening a session took over {timeout:?}")))??;
         Ok(Arc::new(Session { conn: tokio::sync::Mutex::new(conn), closed: relay.closed, idle_ms: Mutex::new(0) }))
     }
 

@@ -81,12 +81,12 @@ impl Batcher {
             let started = std::time::Instant::now();
             let outcome = tokio::time::timeout(timeout, run(&pool, &sql, &batch))
                 .await
-                .unwrap_or_else(|_| Err(LockError::Unavailable(format!("a renewal took over {timeout:?}"))));
+                .unwrap_or_else(|_| Err(LockError::unavailable(format!("a renewal took over {timeout:?}"))));
             tracing::debug!(size = batch.len(), took = ?started.elapsed(), ok = outcome.is_ok(), "renewal batch");
             for p in batch {
                 let answer = match &outcome {
                     Ok(renewed) => Ok(renewed.contains(&(p.name.clone(), p.fence))),
-                    Err(err) if err.is_transient() => Err(LockError::Unavailable(err.to_string())),
+                    Err(err) if err.is_transient() => Err(LockError::unavailable(err.to_string())),
                     Err(err) => Err(LockError::backend(err.to_string())),
                 };
                 let _ = p.reply.send(answer);

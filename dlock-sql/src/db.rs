@@ -147,7 +147,7 @@ impl Pool {
         match tokio::time::timeout(config.connect_timeout, ping).await {
             Ok(Ok(())) => Ok(pool),
             Ok(Err(err)) => Err(lock_error(err)),
-            Err(_) => Err(LockError::Unavailable(format!(
+            Err(_) => Err(LockError::unavailable(format!(
                 "{} did not answer within the connect timeout of {:?}",
                 config.dialect.name(),
                 config.connect_timeout

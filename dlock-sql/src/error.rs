@@ -59,7 +59,7 @@ impl From<SqlError> for LockError {
         match err {
             SqlError::Contended => LockError::Timeout,
             SqlError::Fenced => LockError::NotHeld,
-            SqlError::Unavailable(e) => LockError::Unavailable(e.to_string()),
+            SqlError::Unavailable(e) => LockError::unavailable_because("the database could not be reached", e),
             other => LockError::backend(other),
         }
     }
@@ -128,7 +128,7 @@ pub(crate) fn is_unavailable(err: &sqlx::Error) -> bool {
 /// within its bound), anything else → `Backend`.
 pub(crate) fn lock_error(err: sqlx::Error) -> LockError {
     if is_unavailable(&err) || is_lock_contention(&err) {
-        LockError::Unavailable(err.to_string())
+        LockError::unavailable_because("the database could not do it in time", err)
     } else {
         match err {
             sqlx::Error::Configuration(e) => LockError::InvalidInput(e.to_string()),

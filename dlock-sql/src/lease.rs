@@ -6,13 +6,11 @@
 //! reset, because the row stays when the lock is released.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backend, Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId, Release,
-    Renewal, Request,
-};
+use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
+use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId};
 
 use crate::batch::{Batcher, Pending};
 use crate::config::{Dialect, SqlConfig};
@@ -210,15 +208,20 @@ impl Backend for SqlBackend {
         Ok(Attempt::Busy { retry_after: Some(remaining) })
     }
 
-    async fn wait(&self, req: &Request, ticket: &mut Option<SqlTicket>, until: Instant) -> Result<(), LockError> {
+    async fn wait(
+        &self,
+        req: &Request,
+        ticket: &mut Option<SqlTicket>,
+        until: tokio::time::Instant,
+    ) -> Result<(), LockError> {
         let _ = req;
         #[cfg(feature = "postgres")]
         if let Some(subscription) = ticket.as_ref().and_then(|t| t.subscription.as_ref()) {
-            let _ = tokio::time::timeout_at(until.into(), subscription.notified()).await;
+            let _ = tokio::time::timeout_at(until, subscription.notified()).await;
             return Ok(());
         }
         let _ = ticket;
-        tokio::time::sleep_until(until.into()).await;
+        tokio::time::sleep_until(until).await;
         Ok(())
     }
 

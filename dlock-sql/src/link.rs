@@ -40,7 +40,7 @@ impl Conn {
         let mut rx = self.state.subscribe();
         let state = *rx.wait_for(|s| *s != State::Blackhole).await.map_err(|_| closed())?;
         if state == State::Cut {
-            return Err(LockError::Unavailable(format!("the link to {} is cut", self.config.dialect.name())));
+            return Err(LockError::unavailable(format!("the link to {} is cut", self.config.dialect.name())));
         }
         let mut slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         match &*slot {
@@ -59,7 +59,7 @@ impl Conn {
 }
 
 fn closed() -> LockError {
-    LockError::Unavailable("the client is closed".into())
+    LockError::unavailable("the client is closed")
 }
 
 /// The fault switch of one client (see the module docs). Obtained from

@@ -24,5 +24,5 @@ pub(crate) async fn ensure(pool: &Pool, create: &[String], probe: &Stmt, timeout
     };
     tokio::time::timeout(timeout, work)
         .await
-        .unwrap_or_else(|_| Err(LockError::Unavailable(format!("creating the lock tables took over {timeout:?}"))))
+        .unwrap_or_else(|_| Err(LockError::unavailable(format!("creating the lock tables took over {timeout:?}"))))
 }

@@ -7,4 +7,4 @@ mod common;
 
 use common::{Kind, LeaseFixture};
 
-conformance::suite!(LeaseFixture::new(Kind::MariaDb).await);
+dlock_conformance::suite!(LeaseFixture::new(Kind::MariaDb).await);

@@ -7,4 +7,4 @@ mod common;
 
 use common::{AdvisoryFixture, Kind};
 
-conformance::suite!(AdvisoryFixture::new(Kind::MariaDb).await);
+dlock_conformance::suite!(AdvisoryFixture::new(Kind::MariaDb).await);

@@ -27,11 +27,14 @@ async fn restart_while_held(db: Kind) {
         ("try_acquire", b.try_acquire(&name, &opts).await.map(drop)),
         ("acquire", b.acquire(&name, &opts).await.map(drop)),
     ] {
-        assert!(matches!(outcome, Err(LockError::Unavailable(_))), "{what} while the database is down: {outcome:?}");
+        assert!(
+            matches!(outcome, Err(LockError::Unavailable { .. })),
+            "{what} while the database is down: {outcome:?}"
+        );
     }
     let started = Instant::now();
     let extended = lease.extend(Duration::from_secs(60)).await;
-    assert!(matches!(extended, Err(LockError::Unavailable(_))), "extend while down: {extended:?}");
+    assert!(matches!(extended, Err(LockError::Unavailable { .. })), "extend while down: {extended:?}");
     assert!(started.elapsed() < OP_TIMEOUT * 3, "extend took {:?} while the database was down", started.elapsed());
 
     tokio::task::block_in_place(|| fixture.start_again());

@@ -18,10 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backend, Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, LostSignal,
-    Release, Renewal, Request, DEFAULT_TTL,
-};
+use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
+use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, DEFAULT_TTL};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
@@ -196,7 +194,7 @@ impl ZkBackend {
                 Err(err) => return Err(lock_error("create the lock znode", err)),
             }
         }
-        Err(LockError::Unavailable(format!("the lock znode {lock_path} keeps disappearing")))
+        Err(LockError::unavailable(format!("the lock znode {lock_path} keeps disappearing")))
     }
 
     /// Creates the ticket's node and lists the queue in one round trip (the list is
@@ -325,7 +323,7 @@ impl ZkBackend {
                     started + req.ttl(),
                 ));
                 if !session.grant(node.clone()) {
-                    return Err(LockError::Unavailable("the ZooKeeper session ended".into()));
+                    return Err(LockError::unavailable("the ZooKeeper session ended"));
                 }
                 if let Some(mut granted) = ticket.take() {
                     granted.settled = true;
@@ -522,11 +520,16 @@ impl Backend for ZkBackend {
         }
     }
 
-    async fn wait(&self, _req: &Request, ticket: &mut Option<ZkTicket>, until: Instant) -> Result<(), LockError> {
+    async fn wait(
+        &self,
+        _req: &Request,
+        ticket: &mut Option<ZkTicket>,
+        until: tokio::time::Instant,
+    ) -> Result<(), LockError> {
         let watcher = ticket.as_mut().and_then(|t| t.watcher.as_mut());
         match watcher {
             Some(watcher) => {
-                let woken = tokio::time::timeout_at(until.into(), watcher).await;
+                let woken = tokio::time::timeout_at(until, watcher).await;
                 if let Ok(event) = woken {
                     if let Some(t) = ticket.as_mut() {
                         t.watcher = None;
@@ -538,7 +541,7 @@ impl Backend for ZkBackend {
                 }
             }
             // Nothing to wait for: look again soon rather than spin.
-            None => tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(100)).into()).await,
+            None => tokio::time::sleep_until(until.min(tokio::time::Instant::now() + Duration::from_millis(100))).await,
         }
         Ok(())
     }

@@ -16,7 +16,7 @@ pub struct ZkRequestError {
 /// are `Unavailable` (retrying later may work), everything else is a `Backend` error.
 pub(crate) fn lock_error(what: &'static str, err: zk::Error) -> LockError {
     if is_transient(&err) {
-        LockError::Unavailable(format!("ZooKeeper {what}: {err}"))
+        LockError::unavailable(format!("ZooKeeper {what}: {err}"))
     } else {
         LockError::backend(ZkRequestError { what, source: err })
     }
@@ -47,7 +47,7 @@ pub(crate) fn is_connection_loss(err: &zk::Error) -> bool {
 
 /// `Unavailable` for an operation that did not finish within its timeout.
 pub(crate) fn timed_out(what: &str, timeout: std::time::Duration) -> LockError {
-    LockError::Unavailable(format!("ZooKeeper {what} did not complete within {timeout:?}"))
+    LockError::unavailable(format!("ZooKeeper {what} did not complete within {timeout:?}"))
 }
 
 /// Sends a request again while its connection breaks under it: the client reconnects to

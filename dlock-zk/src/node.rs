@@ -4,7 +4,8 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use dlock_core::{FencingToken, LockName, LostReason, LostSignal, OwnerId};
+use dlock_core::backend::LostSignal;
+use dlock_core::{FencingToken, LockName, LostReason, OwnerId};
 
 use crate::session::Unwanted;
 

@@ -251,7 +251,7 @@ impl Session {
     /// checks, which shares a single round trip. `Unavailable` while disconnected.
     pub(crate) async fn check(&self, path: &str) -> Result<bool, LockError> {
         if !self.is_connected() {
-            return Err(LockError::Unavailable(format!(
+            return Err(LockError::unavailable(format!(
                 "ZooKeeper session {} is disconnected",
                 self.client.session_id()
             )));
@@ -260,7 +260,7 @@ impl Session {
         {
             let mut registry = self.registry();
             if let Some(state) = registry.ended {
-                return Err(LockError::Unavailable(format!("the ZooKeeper session ended ({state})")));
+                return Err(LockError::unavailable(format!("the ZooKeeper session ended ({state})")));
             }
             registry.checks_since.get_or_insert_with(Instant::now);
             registry.checks.push((path.to_string(), tx));
@@ -270,7 +270,7 @@ impl Session {
         // whose renewals hang is lost as unreachable (and retried meanwhile), not expired.
         let bound = self.settings.op_timeout().min(self.negotiated / 2);
         match tokio::time::timeout(bound, rx).await {
-            Ok(answer) => answer.unwrap_or_else(|_| Err(LockError::Unavailable("the ZooKeeper session ended".into()))),
+            Ok(answer) => answer.unwrap_or_else(|_| Err(LockError::unavailable("the ZooKeeper session ended"))),
             Err(_) => Err(timed_out("renewal check", bound)),
         }
     }
@@ -331,7 +331,7 @@ impl Session {
             // wakes the monitor then); renewals fail now and are retried by the client.
             registry.checks_since = None;
             for (_, tx) in registry.checks.drain(..) {
-                let _ = tx.send(Err(LockError::Unavailable("the ZooKeeper session is disconnected".into())));
+                let _ = tx.send(Err(LockError::unavailable("the ZooKeeper session is disconnected")));
             }
         } else if registry.batches < MAX_BATCHES {
             let due = !registry.held.is_empty() && registry.last_batch.is_none_or(|last| now >= last + heartbeat);
@@ -384,7 +384,7 @@ impl Session {
             registry.unwanted.clear();
             registry.checks_since = None;
             for (_, tx) in registry.checks.drain(..) {
-                let _ = tx.send(Err(LockError::Unavailable(format!("the ZooKeeper session ended ({state})"))));
+                let _ = tx.send(Err(LockError::unavailable(format!("the ZooKeeper session ended ({state})"))));
             }
             registry.held.drain().map(|(_, node)| node).collect()
         };
@@ -481,7 +481,7 @@ async fn run_batch(session: Arc<Session>, checks: Vec<(String, Option<Verdict>)>
         if let Some(tx) = verdict {
             let answer = match &verdicts {
                 Ok(exists) => Ok(exists.get(&path).copied().unwrap_or(false)),
-                Err(err) => Err(LockError::Unavailable(err.to_string())),
+                Err(err) => Err(LockError::unavailable(err.to_string())),
             };
             let _ = tx.send(answer);
         }

@@ -2,4 +2,4 @@
 
 mod common;
 
-conformance::suite!(common::ZkFixture::standalone().await);
+dlock_conformance::suite!(common::ZkFixture::standalone().await);

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{ZkFixture, MARGIN, TTL};
-use conformance::fixture::Link;
-use conformance::history::{FencedRegister, History, Op, Phase};
-use conformance::properties::{eventually, unique_name};
-use conformance::proxy::Mode;
-use conformance::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperEnsemble};
+use dlock_conformance::fixture::Link;
+use dlock_conformance::history::{FencedRegister, History, Op, Phase};
+use dlock_conformance::properties::{eventually, unique_name};
+use dlock_conformance::Fault;
 use dlock_core::{LockError, LockOptions, Locker, LostReason};
+use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperEnsemble};
 use dlock_zk::ZkConfig;
 
 /// The holder's connection is cut past its session timeout: its lost signal fires before
@@ -21,7 +21,7 @@ use dlock_zk::ZkConfig;
 /// token, and the holder's client opens a new session and locks again once it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_session_expires() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = ZkFixture::standalone().await;
     let (holder, link) = fixture.proxied_client().await;
     let waiter = fixture.zk_client().await;
@@ -75,7 +75,7 @@ async fn holder_session_expires() {
 /// otherwise count itself valid far longer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negotiated_timeout_bounds_the_hold() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let clamp = Duration::from_secs(2);
     let fixture =
         ZkFixture::with_server_config(ZooKeeperConfig { max_session_timeout: clamp, ..ZooKeeperConfig::default() })
@@ -104,7 +104,7 @@ async fn negotiated_timeout_bounds_the_hold() {
 /// a waiter queued behind the create gets the lock as soon as the holder lets go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_cut_off_leaves_no_orphan() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = ZkFixture::standalone().await;
     let admin = fixture.admin().await;
     let holder = fixture.zk_client().await;
@@ -119,7 +119,7 @@ async fn create_cut_off_leaves_no_orphan() {
 
     // Replies (and requests) reach the other side only after a delay: the create is
     // applied, and the link is cut before its reply comes back.
-    proxy.set_mode(Mode::Delay(Duration::from_millis(400)));
+    proxy.set_fault(Fault::Delay(Duration::from_millis(400)));
     let attempt = {
         let (cut_off, name, long) = (cut_off.clone(), name.clone(), long.clone());
         tokio::spawn(async move { cut_off.acquire(&name, &long).await })
@@ -128,10 +128,10 @@ async fn create_cut_off_leaves_no_orphan() {
         common::queue(&admin, &lock_path).await.len() == 2
     })
     .await;
-    proxy.set_mode(Mode::Cut);
+    proxy.set_fault(Fault::Cut);
     let outcome = attempt.await.expect("attempt task");
-    assert!(matches!(outcome, Err(LockError::Unavailable(_))), "the cut-off acquire: {outcome:?}");
-    proxy.set_mode(Mode::Pass);
+    assert!(matches!(outcome, Err(LockError::Unavailable { .. })), "the cut-off acquire: {outcome:?}");
+    proxy.set_fault(Fault::None);
 
     let queued = {
         let (waiter, name) = (waiter.clone(), name.clone());
@@ -153,7 +153,7 @@ async fn create_cut_off_leaves_no_orphan() {
 /// every write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ensemble_loses_a_member() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let mut ensemble = tokio::task::block_in_place(|| ZooKeeperEnsemble::start(3, &ZooKeeperConfig::default()))
         .expect("start a 3-member ensemble");
     let config = ZkConfig::from_url(&ensemble.url())

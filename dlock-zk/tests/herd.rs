@@ -6,11 +6,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{ZkFixture, MARGIN, TTL};
-use conformance::properties::{eventually, unique_name};
+use dlock_conformance::properties::{eventually, unique_name};
 use dlock_core::{LockOptions, Locker};
 
 fn metric(fixture: &ZkFixture, key: &str) -> u64 {
-    let metrics = conformance::supervisor::zookeeper::monitor(fixture.addr()).expect("mntr");
+    let metrics = dlock_testkit::supervisor::zookeeper::monitor(fixture.addr()).expect("mntr");
     metrics.get(key).unwrap_or_else(|| panic!("mntr has no {key}")).parse().expect("a number")
 }
 
@@ -20,7 +20,7 @@ fn metric(fixture: &ZkFixture, key: &str) -> u64 {
 /// watch, and no child watch (the herd's tool) fired at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_release_wakes_exactly_one_waiter() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     const WAITERS: usize = 20;
     let fixture = ZkFixture::standalone().await;
     let holder = fixture.zk_client().await;

@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::{ZkFixture, MARGIN, TTL};
-use conformance::properties::{eventually, unique_name};
-use conformance::supervisor::zookeeper::ZooKeeperConfig;
+use dlock_conformance::properties::{eventually, unique_name};
 use dlock_core::{LockError, LockOptions, Locker, LostReason, OwnerId, DEFAULT_TTL};
+use dlock_testkit::supervisor::zookeeper::ZooKeeperConfig;
 use dlock_zk::ZkConfig;
 use zookeeper_client as zk;
 
@@ -18,7 +18,7 @@ use zookeeper_client as zk;
 /// container that the server deletes once the lock is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_nodes_and_their_cleanup() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = ZkFixture::with_server_config(ZooKeeperConfig {
         container_check_interval: Duration::from_millis(200),
         ..ZooKeeperConfig::default()
@@ -59,7 +59,7 @@ async fn lock_nodes_and_their_cleanup() {
 /// session (and another lease on it) lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_lease_node_is_deleted_at_expiry() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = ZkFixture::standalone().await;
     let admin = fixture.admin().await;
     let client = fixture.zk_client().await;
@@ -84,7 +84,7 @@ async fn fixed_lease_node_is_deleted_at_expiry() {
 /// list travels with the create, so two round trips), as the server counts them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_acquire_and_release_is_three_requests() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     const ROUNDS: u64 = 100;
     let fixture = ZkFixture::standalone().await;
     // One session (the default ttl's, opened at connect), which pings only when idle.
@@ -93,7 +93,7 @@ async fn uncontended_acquire_and_release_is_three_requests() {
     let opts = LockOptions::watchdog(DEFAULT_TTL);
     client.acquire(&name, &opts).await.expect("acquire").release().await.expect("release");
     let received = || -> u64 {
-        let metrics = conformance::supervisor::zookeeper::monitor(fixture.addr()).expect("mntr");
+        let metrics = dlock_testkit::supervisor::zookeeper::monitor(fixture.addr()).expect("mntr");
         metrics["zk_packets_received"].parse().expect("a number")
     };
     let before = received();
@@ -109,7 +109,7 @@ async fn uncontended_acquire_and_release_is_three_requests() {
 /// by every lock of the ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_session_per_ttl() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = ZkFixture::standalone().await;
     let client = fixture.zk_client().await;
     assert_eq!(client.backend().sessions(), vec![(DEFAULT_TTL, DEFAULT_TTL)], "the session opened at connect");
@@ -132,7 +132,7 @@ async fn one_session_per_ttl() {
 /// node, and a client with other credentials sees the holder but cannot take the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn digest_acls_protect_lock_nodes() {
-    conformance::init_tracing();
+    dlock_conformance::init_tracing();
     let fixture = ZkFixture::standalone().await;
     let root = format!("/acl-{}", uuid::Uuid::new_v4().simple());
     let url = |credentials: &str| format!("zk://{credentials}@{}{root}?op_timeout=1s", fixture.addr());

@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::proxy::FaultProxy;
-use conformance::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer};
-use conformance::supervisor::{external_url, free_port};
-use conformance::{FaultyClient, Fixture, Timing};
+use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_etcd::{EtcdConfig, EtcdLocker};
+use dlock_testkit::proxy::FaultProxy;
+use dlock_testkit::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer};
+use dlock_testkit::supervisor::{external_url, free_port};
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 
 /// Operation timeout of the fixture's clients.
@@ -69,7 +69,7 @@ impl EtcdFixture {
     }
 
     /// A client through a fault proxy, and the proxy.
-    pub(crate) async fn proxied(&self) -> (EtcdLocker, conformance::proxy::ProxyLink) {
+    pub(crate) async fn proxied(&self) -> (EtcdLocker, dlock_testkit::proxy::ProxyLink) {
         let proxy = FaultProxy::start(self.target()).await.expect("start the fault proxy");
         let link = proxy.link();
         let url = with_host(&self.url, &proxy.addr().to_string());
@@ -110,18 +110,16 @@ impl Fixture for EtcdFixture {
     fn timing(&self) -> Timing {
         // etcd grants whole-second leases (the test servers honour 1 s); 2 s leave the
         // watchdog room for a loaded machine that pauses the client for a few hundred ms.
-        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(3) }
+        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(3), op_timeout: OP_TIMEOUT }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
         Arc::new(self.locker().await)
     }
+}
 
-    async fn faulty_client(&self) -> FaultyClient {
-        let (locker, link) = self.proxied().await;
-        FaultyClient { locker: Arc::new(locker), link: Box::new(link) }
-    }
-
+#[async_trait]
+impl Evict for EtcdFixture {
     async fn evict(&self, name: &LockName) {
         let dir = dlock_etcd::lock_dir(self.admin.backend().prefix(), name);
         let mut kv = self.etcd().await.kv_client();
@@ -130,6 +128,14 @@ impl Fixture for EtcdFixture {
         let holder = resp.kvs().first().expect("the lock has a holder to evict").key().to_vec();
         kv.delete(holder, None).await.expect("delete the holder's key");
     }
+}
+
+#[async_trait]
+impl Faults for EtcdFixture {
+    async fn faulty_client(&self) -> FaultyClient {
+        let (locker, link) = self.proxied().await;
+        FaultyClient { locker: Arc::new(locker), link: Box::new(link) }
+    }
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
         let port = free_port().expect("a free port");
@@ -137,7 +143,10 @@ impl Fixture for EtcdFixture {
             EtcdConfig::new([format!("127.0.0.1:{port}")]).with_op_timeout(timeout).with_connect_timeout(timeout);
         Ok(Arc::new(dlock_etcd::connect(config).await?))
     }
+}
 
+#[async_trait]
+impl Restart for EtcdFixture {
     async fn stop_backend(&self) {
         self.server().kill();
     }

@@ -5,10 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dlock_core::{
-    Attempt, Backend, Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId, Release, Renewal,
-    Request,
-};
+use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
+use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId};
 use tokio::sync::Notify;
 
 use super::config::RedLockConfig;
@@ -139,7 +137,7 @@ impl RedLockBackend {
                 Answer::Replied(_) => Ok(()),
                 Answer::Failed(err) => Err(crate::error::to_lock_error(err)),
                 Answer::Pending | Answer::TimedOut => {
-                    Err(LockError::Unavailable(format!("no answer within {:?}", self.node_timeout)))
+                    Err(LockError::unavailable(format!("no answer within {:?}", self.node_timeout)))
                 }
             })
             .collect()
@@ -413,16 +411,21 @@ impl Backend for RedLockBackend {
         })
     }
 
-    async fn wait(&self, _req: &Request, ticket: &mut Option<RedLockTicket>, until: Instant) -> Result<(), LockError> {
+    async fn wait(
+        &self,
+        _req: &Request,
+        ticket: &mut Option<RedLockTicket>,
+        until: tokio::time::Instant,
+    ) -> Result<(), LockError> {
         match ticket {
             Some(ticket) if !ticket.quiet => {
-                let _ = tokio::time::timeout_at(until.into(), ticket.notify.notified()).await;
+                let _ = tokio::time::timeout_at(until, ticket.notify.notified()).await;
             }
             Some(ticket) => {
                 ticket.quiet = false;
-                tokio::time::sleep_until(until.into()).await;
+                tokio::time::sleep_until(until).await;
             }
-            None => tokio::time::sleep_until(until.into()).await,
+            None => tokio::time::sleep_until(until).await,
         }
         Ok(())
     }

@@ -60,7 +60,7 @@ pub(crate) async fn connect(config: &RedLockConfig) -> Result<Nodes, LockError> 
     let quorum = config.quorum();
     if reached < quorum {
         return Err(match (reached, first_failure) {
-            (0, first) => LockError::Unavailable(format!(
+            (0, first) => LockError::unavailable(format!(
                 "none of the {} RedLock nodes answered{}",
                 config.nodes().len(),
                 first.map(|err| format!(" (first: {err})")).unwrap_or_default()

@@ -48,7 +48,7 @@ pub(crate) fn unreachable<T>(answers: &mut [Answer<T>], got: usize, needed: usiz
     });
     if answers.iter().all(|a| a.replied().is_none()) {
         let why = first.unwrap_or_else(|| "no answer within the node timeout".into());
-        return LockError::Unavailable(format!("no RedLock node answered: {why}"));
+        return LockError::unavailable(format!("no RedLock node answered: {why}"));
     }
     LockError::QuorumNotReached { got, needed }
 }
@@ -149,17 +149,17 @@ pub(crate) fn decide_grant(answers: &GrantAnswers, proposal: u64, quorum: usize)
 
 /// What a renewal came to: `Ok(Some(..))` decided, `Ok(None)` undecided because too few
 /// nodes answered (a transient failure the watchdog retries).
-pub(crate) fn decide_renewal(answers: &[Answer<RenewReply>], quorum: usize) -> Option<dlock_core::Renewal> {
+pub(crate) fn decide_renewal(answers: &[Answer<RenewReply>], quorum: usize) -> Option<dlock_core::backend::Renewal> {
     let renewed = answers.iter().filter(|a| matches!(a.replied(), Some(RenewReply::Renewed))).count();
     if renewed >= quorum {
-        return Some(dlock_core::Renewal::Renewed);
+        return Some(dlock_core::backend::Renewal::Renewed);
     }
     let unknown = answers.iter().filter(|a| a.replied().is_none()).count();
     if renewed + unknown >= quorum {
         return None;
     }
     let stolen = answers.iter().any(|a| matches!(a.replied(), Some(RenewReply::Stolen)));
-    Some(dlock_core::Renewal::Lost(if stolen { LostReason::Stolen } else { LostReason::Expired }))
+    Some(dlock_core::backend::Renewal::Lost(if stolen { LostReason::Stolen } else { LostReason::Expired }))
 }
 
 /// Whether a renewal can stop waiting for more answers.
@@ -168,16 +168,16 @@ pub(crate) fn renewal_done(answers: &[Answer<RenewReply>], quorum: usize) -> boo
 }
 
 /// What a release came to, as for [`decide_renewal`].
-pub(crate) fn decide_release(answers: &[Answer<bool>], quorum: usize) -> Option<dlock_core::Release> {
+pub(crate) fn decide_release(answers: &[Answer<bool>], quorum: usize) -> Option<dlock_core::backend::Release> {
     let released = count_released(answers);
     if released >= quorum {
-        return Some(dlock_core::Release::Released);
+        return Some(dlock_core::backend::Release::Released);
     }
     let unknown = answers.iter().filter(|a| a.replied().is_none()).count();
     if released + unknown >= quorum {
         return None;
     }
-    Some(dlock_core::Release::NotHeld)
+    Some(dlock_core::backend::Release::NotHeld)
 }
 
 /// How many nodes released the hold.
@@ -346,26 +346,26 @@ mod tests {
             list.iter().map(|r| r.map_or(Answer::TimedOut, Answer::Replied)).collect()
         };
         let r = renew(&[Some(Renewed), Some(Renewed), Some(Renewed), None, None]);
-        assert_eq!(decide_renewal(&r, 3), Some(dlock_core::Renewal::Renewed));
+        assert_eq!(decide_renewal(&r, 3), Some(dlock_core::backend::Renewal::Renewed));
         assert!(renewal_done(&r, 3));
         let r = renew(&[Some(Renewed), Some(Renewed), None, None, None]);
         assert_eq!(decide_renewal(&r, 3), None, "two renewed and three unknown: retry");
         let r = renew(&[Some(Renewed), Some(Gone), Some(Gone), Some(Stolen), None]);
-        assert_eq!(decide_renewal(&r, 3), Some(dlock_core::Renewal::Lost(LostReason::Stolen)));
+        assert_eq!(decide_renewal(&r, 3), Some(dlock_core::backend::Renewal::Lost(LostReason::Stolen)));
         let r = renew(&[Some(Gone), Some(Gone), Some(Gone), None, None]);
-        assert_eq!(decide_renewal(&r, 3), Some(dlock_core::Renewal::Lost(LostReason::Expired)));
+        assert_eq!(decide_renewal(&r, 3), Some(dlock_core::backend::Renewal::Lost(LostReason::Expired)));
 
         let release = |list: &[Option<bool>]| -> Vec<Answer<bool>> {
             list.iter().map(|r| r.map_or(Answer::TimedOut, Answer::Replied)).collect()
         };
         assert_eq!(
             decide_release(&release(&[Some(true), Some(true), Some(true), Some(false), None]), 3),
-            Some(dlock_core::Release::Released)
+            Some(dlock_core::backend::Release::Released)
         );
         assert_eq!(decide_release(&release(&[Some(true), Some(true), None, Some(false), None]), 3), None);
         assert_eq!(
             decide_release(&release(&[Some(false), Some(false), Some(false), Some(true), None]), 3),
-            Some(dlock_core::Release::NotHeld)
+            Some(dlock_core::backend::Release::NotHeld)
         );
     }
 
@@ -396,7 +396,7 @@ mod tests {
     #[test]
     fn errors_say_why_too_few_answered() {
         let mut none: Vec<Answer<bool>> = vec![Answer::TimedOut, Answer::TimedOut];
-        assert!(matches!(unreachable(&mut none, 0, 2), LockError::Unavailable(_)));
+        assert!(matches!(unreachable(&mut none, 0, 2), LockError::Unavailable { .. }));
         let mut some = vec![Answer::Replied(true), Answer::TimedOut, Answer::TimedOut];
         assert!(matches!(unreachable(&mut some, 1, 2), LockError::QuorumNotReached { got: 1, needed: 2 }));
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));

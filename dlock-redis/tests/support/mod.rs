@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::proxy::FaultProxy;
-use conformance::supervisor::external_url;
-use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
-use conformance::{FaultyClient, Fixture, Timing};
+use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_redis::{RedisConfig, Topology};
+use dlock_testkit::proxy::FaultProxy;
+use dlock_testkit::supervisor::external_url;
+use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
 
 /// Operation timeout of the fixture's clients.
 pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(1);
@@ -125,13 +125,25 @@ impl Fixture for RedisFixture {
     fn timing(&self) -> Timing {
         // 1,000 leases renewed every ttl/3 over one connection must keep up on a shared
         // 2-core machine running debug builds of several test processes at once.
-        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(3) }
+        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(3), op_timeout: OP_TIMEOUT }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
         Arc::new(dlock_redis::connect(self.config()).await.expect("connect to redis"))
     }
+}
 
+#[async_trait]
+impl Evict for RedisFixture {
+    async fn evict(&self, name: &LockName) {
+        let keys = dlock_redis::KeyLayout::new(self.config.prefix()).unwrap().lock(name);
+        let mut admin = self.admin().await;
+        let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut admin).await.expect("DEL the hold");
+    }
+}
+
+#[async_trait]
+impl Faults for RedisFixture {
     async fn faulty_client(&self) -> FaultyClient {
         let proxy = FaultProxy::start(self.address()).await.expect("start the fault proxy");
         let config = timeouts(
@@ -145,12 +157,6 @@ impl Fixture for RedisFixture {
         FaultyClient { locker: Arc::new(locker), link }
     }
 
-    async fn evict(&self, name: &LockName) {
-        let keys = dlock_redis::KeyLayout::new(self.config.prefix()).unwrap().lock(name);
-        let mut admin = self.admin().await;
-        let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut admin).await.expect("DEL the hold");
-    }
-
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
         // A free port would be free only until some other test's server took it; a
         // listener that never answers keeps it: connections hang like a frozen host's.
@@ -160,7 +166,10 @@ impl Fixture for RedisFixture {
         let config = RedisConfig::single("127.0.0.1", port).with_connect_timeout(timeout).with_op_timeout(timeout);
         dlock_redis::connect(config).await.map(|locker| Arc::new(locker) as Arc<dyn Locker>)
     }
+}
 
+#[async_trait]
+impl Restart for RedisFixture {
     async fn stop_backend(&self) {
         self.with_server("stopping the backend", |server| server.kill());
     }

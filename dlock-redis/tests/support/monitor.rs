@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use conformance::supervisor::redis::RedisServer;
+use dlock_testkit::supervisor::redis::RedisServer;
 use futures::{Stream, StreamExt};
 
 /// One line of MONITOR output: who sent it (`lua` for a script's own calls) and the

@@ -5,13 +5,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::proxy::{FaultProxy, ProxyLink};
-use conformance::supervisor::external_url;
-use conformance::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters};
-use conformance::{FaultyClient, Fixture, Link, Timing};
+use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_redis::redlock::{self, RedLockConfig};
 use dlock_redis::Node;
+use dlock_testkit::proxy::{FaultProxy, ProxyLink};
+use dlock_testkit::supervisor::external_url;
+use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters};
 
 use super::CONNECT_TIMEOUT;
 
@@ -141,16 +141,8 @@ fn timeouts(config: RedLockConfig) -> RedLockConfig {
 pub(crate) struct Links(pub Vec<ProxyLink>);
 
 impl Link for Links {
-    fn cut(&self) {
-        self.0.iter().for_each(Link::cut);
-    }
-
-    fn blackhole(&self) {
-        self.0.iter().for_each(Link::blackhole);
-    }
-
-    fn restore(&self) {
-        self.0.iter().for_each(Link::restore);
+    fn set(&self, fault: Fault) {
+        self.0.iter().for_each(|link| link.set(fault));
     }
 }
 
@@ -161,25 +153,31 @@ impl Fixture for RedLockFixture {
         // one: 1,000 leases renewed every ttl/3 cost the client about four times the CPU.
         // For the same headroom on a shared 2-core machine running debug builds, the ttl
         // is three times the single server's.
-        Timing { ttl: Duration::from_secs(6), margin: Duration::from_secs(4) }
+        Timing { ttl: Duration::from_secs(6), margin: Duration::from_secs(4), op_timeout: OP_TIMEOUT }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
         Arc::new(redlock::connect(self.config()).await.expect("connect to the RedLock masters"))
     }
+}
 
-    async fn faulty_client(&self) -> FaultyClient {
-        let (config, links) = self.proxied().await;
-        let locker = redlock::connect(config).await.expect("connect through the proxies");
-        FaultyClient { locker: Arc::new(locker), link: Box::new(Links(links)) }
-    }
-
+#[async_trait]
+impl Evict for RedLockFixture {
     async fn evict(&self, name: &LockName) {
         let keys = dlock_redis::KeyLayout::new(self.config.prefix()).unwrap().lock(name);
         for index in 0..self.config.nodes().len() {
             let mut admin = self.admin(index).await;
             let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut admin).await.expect("DEL the hold");
         }
+    }
+}
+
+#[async_trait]
+impl Faults for RedLockFixture {
+    async fn faulty_client(&self) -> FaultyClient {
+        let (config, links) = self.proxied().await;
+        let locker = redlock::connect(config).await.expect("connect through the proxies");
+        FaultyClient { locker: Arc::new(locker), link: Box::new(Links(links)) }
     }
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
@@ -198,7 +196,10 @@ impl Fixture for RedLockFixture {
             .with_node_timeout(timeout / 4);
         redlock::connect(config).await.map(|locker| Arc::new(locker) as Arc<dyn Locker>)
     }
+}
 
+#[async_trait]
+impl Restart for RedLockFixture {
     async fn stop_backend(&self) {
         self.with_masters_mut("stopping the backend", |masters| {
             (0..masters.nodes().len()).for_each(|index| masters.kill(index));

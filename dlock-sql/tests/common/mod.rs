@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::proxy::FaultProxy;
-use conformance::supervisor::mariadb::MariaDbServer;
-use conformance::supervisor::postgres::PostgresServer;
-use conformance::supervisor::{external_url, free_port};
-use conformance::{FaultyClient, Fixture, Link, Timing};
+use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_sql::{Dialect, SqlConfig, SqlLink, SqlLocker};
+use dlock_testkit::proxy::FaultProxy;
+use dlock_testkit::supervisor::mariadb::MariaDbServer;
+use dlock_testkit::supervisor::postgres::PostgresServer;
+use dlock_testkit::supervisor::{external_url, free_port};
 
 /// Which database a fixture runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,14 +209,13 @@ fn authority(url: &str) -> Option<SocketAddr> {
 struct SqliteLink(SqlLink);
 
 impl Link for SqliteLink {
-    fn cut(&self) {
-        self.0.cut();
-    }
-    fn blackhole(&self) {
-        self.0.blackhole();
-    }
-    fn restore(&self) {
-        self.0.restore();
+    fn set(&self, fault: Fault) {
+        match fault {
+            Fault::None => self.0.restore(),
+            Fault::Cut => self.0.cut(),
+            Fault::Blackhole => self.0.blackhole(),
+            other => panic!("the SQLite link cannot play {other:?}"),
+        }
     }
 }
 
@@ -234,26 +233,35 @@ impl Fixture for LeaseFixture {
     fn timing(&self) -> Timing {
         // Renewals every 667 ms with 1.3 s to spare: reliable while other test processes
         // keep the database servers and the two cores busy.
-        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(4) }
+        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(4), op_timeout: OP_TIMEOUT }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
         Arc::new(self.0.lease_client().await)
     }
+}
 
-    async fn faulty_client(&self) -> FaultyClient {
-        self.0.lease_faulty().await
-    }
-
+#[async_trait]
+impl Evict for LeaseFixture {
     async fn evict(&self, name: &LockName) {
         self.0.admin.backend().evict(name).await.expect("evict");
+    }
+}
+
+#[async_trait]
+impl Faults for LeaseFixture {
+    async fn faulty_client(&self) -> FaultyClient {
+        self.0.lease_faulty().await
     }
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
         let config = SqlConfig::from_url(&self.0.unreachable_url())?.op_timeout(timeout).connect_timeout(timeout);
         Ok(Arc::new(dlock_sql::connect(config).await?))
     }
+}
 
+#[async_trait]
+impl Restart for LeaseFixture {
     async fn stop_backend(&self) {
         match self.0.db {
             Kind::Sqlite => self.0.cut_all(true),
@@ -271,8 +279,11 @@ impl Fixture for LeaseFixture {
 
 /// The advisory clients' settings: an acquire may open a session, which on PostgreSQL
 /// starts a server process; on a loaded machine that takes longer than a statement.
+/// Operation timeout of the advisory fixtures' clients.
+pub(crate) const ADVISORY_OP_TIMEOUT: Duration = Duration::from_secs(4);
+
 pub(crate) fn advisory_config(url: &str) -> SqlConfig {
-    config(url).op_timeout(Duration::from_secs(4))
+    config(url).op_timeout(ADVISORY_OP_TIMEOUT)
 }
 
 /// The advisory-lock locker on one database.
@@ -290,30 +301,39 @@ impl Fixture for AdvisoryFixture {
         // Each held lock is a session of its own, opened on demand (on PostgreSQL a new
         // server process) and pinged within the ttl: holding a thousand of them at once on a
         // machine shared with other test runs needs more room than the lease table.
-        Timing { ttl: Duration::from_secs(6), margin: Duration::from_secs(8) }
+        Timing { ttl: Duration::from_secs(6), margin: Duration::from_secs(8), op_timeout: ADVISORY_OP_TIMEOUT }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
         let client = dlock_sql::connect_advisory(advisory_config(&self.0.url)).await.expect("connect a client");
         Arc::new(client)
     }
+}
 
+#[async_trait]
+impl Evict for AdvisoryFixture {
+    async fn evict(&self, name: &LockName) {
+        let admin = dlock_sql::connect_advisory(advisory_config(&self.0.url)).await.expect("connect the admin client");
+        admin.backend().evict(name).await.expect("evict");
+    }
+}
+
+#[async_trait]
+impl Faults for AdvisoryFixture {
     async fn faulty_client(&self) -> FaultyClient {
         let (url, link) = self.0.proxied_url().await;
         let client = dlock_sql::connect_advisory(advisory_config(&url)).await.expect("connect through the proxy");
         FaultyClient { locker: Arc::new(client), link }
     }
 
-    async fn evict(&self, name: &LockName) {
-        let admin = dlock_sql::connect_advisory(advisory_config(&self.0.url)).await.expect("connect the admin client");
-        admin.backend().evict(name).await.expect("evict");
-    }
-
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
         let config = SqlConfig::from_url(&self.0.unreachable_url())?.op_timeout(timeout).connect_timeout(timeout);
         Ok(Arc::new(dlock_sql::connect_advisory(config).await?))
     }
+}
 
+#[async_trait]
+impl Restart for AdvisoryFixture {
     async fn stop_backend(&self) {
         self.0.kill();
     }

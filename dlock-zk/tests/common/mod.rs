@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::proxy::FaultProxy;
-use conformance::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperServer};
-use conformance::supervisor::{external_url, free_port};
-use conformance::{FaultyClient, Fixture, Timing};
+use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
+use dlock_testkit::proxy::FaultProxy;
+use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperServer};
+use dlock_testkit::supervisor::{external_url, free_port};
 use dlock_zk::{ZkConfig, ZkLocker};
 use zookeeper_client as zk;
 
@@ -82,7 +82,7 @@ impl ZkFixture {
     }
 
     /// A client connected through a new fault proxy that the fixture keeps, and its link.
-    pub(crate) async fn proxied_client(&self) -> (ZkLocker, conformance::proxy::ProxyLink) {
+    pub(crate) async fn proxied_client(&self) -> (ZkLocker, dlock_testkit::proxy::ProxyLink) {
         let (client, proxy) = self.fault_proxied_client().await;
         let link = proxy.link();
         self.proxies.lock().unwrap().push(proxy);
@@ -129,23 +129,29 @@ pub(crate) async fn queue(admin: &zk::Client, lock_path: &str) -> Vec<String> {
 #[async_trait]
 impl Fixture for ZkFixture {
     fn timing(&self) -> Timing {
-        Timing { ttl: TTL, margin: MARGIN }
+        Timing { ttl: TTL, margin: MARGIN, op_timeout: OP_TIMEOUT }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
         Arc::new(self.zk_client().await)
     }
+}
 
-    async fn faulty_client(&self) -> FaultyClient {
-        let (locker, link) = self.proxied_client().await;
-        FaultyClient { locker: Arc::new(locker), link: Box::new(link) }
-    }
-
+#[async_trait]
+impl Evict for ZkFixture {
     async fn evict(&self, name: &LockName) {
         let admin = self.admin().await;
         let lock_path = self.config.lock_path(name);
         let head = queue(&admin, &lock_path).await.into_iter().next().expect("the lock has a holder to evict");
         admin.delete(&format!("{lock_path}/{head}"), None).await.expect("delete the holder's node");
+    }
+}
+
+#[async_trait]
+impl Faults for ZkFixture {
+    async fn faulty_client(&self) -> FaultyClient {
+        let (locker, link) = self.proxied_client().await;
+        FaultyClient { locker: Arc::new(locker), link: Box::new(link) }
     }
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
@@ -154,7 +160,10 @@ impl Fixture for ZkFixture {
             ZkConfig::new(&format!("127.0.0.1:{port}"))?.with_connect_timeout(timeout).with_op_timeout(timeout);
         Ok(Arc::new(dlock_zk::connect(config).await?))
     }
+}
 
+#[async_trait]
+impl Restart for ZkFixture {
     async fn stop_backend(&self) {
         self.with_server(|server| server.kill());
     }
