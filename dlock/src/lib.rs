@@ -25,13 +25,46 @@
 //! # Ok(()) }
 //! ```
 //!
-//! This crate re-exports [`dlock_core`]: the API, the machinery and the in-process
-//! [`memory`] backend.
+//! Each backend crate is also reachable as a module behind its feature, so its own
+//! configuration and helpers need no second dependency: [`redis`] (with `redis` or
+//! `redlock`), [`sql`] (with `sqlite`, `postgres` or `mysql`), [`zk`], [`etcd`].
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # async fn fenced() -> Result<(), dlock::LockError> {
+//! use dlock::sql::SqlConfig;
+//! let locker = dlock::sql::connect(SqlConfig::from_url("sqlite::memory:")?).await?;
+//! # let _ = locker;
+//! # Ok(()) }
+//! ```
 
-mod url;
+mod drivers;
 
-pub use dlock_core::*;
-pub use url::{connect, raw_baseline, Scheme};
+pub use dlock_core::memory;
+pub use dlock_core::{
+    drift, parse_duration, redact, with_lock, Backoff, BoxError, Capabilities, Client, ClientConfig, ClientStats,
+    ConnectConfig, ConnectOptions, FencingToken, Holder, Lease, LeaseHandle, LeaseMode, LockError, LockInfo, LockName,
+    LockOptions, Locker, LockerExt, LostReason, OwnerId, RawBaseline, DEFAULT_TTL, MAX_DURATION, MAX_NAME_LEN,
+    MAX_OWNER_LEN, MIN_TTL,
+};
+pub use drivers::{connect, driver, raw_baseline, Driver, DRIVERS};
+
+/// Redis: one server, Sentinel or Cluster ([`dlock_redis`]); RedLock over several masters
+/// in [`redis::redlock`] with the `redlock` feature.
+#[cfg(any(feature = "redis", feature = "redlock"))]
+pub use dlock_redis as redis;
+
+/// SQL databases: lease tables, advisory locks and fenced writes ([`dlock_sql`]).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub use dlock_sql as sql;
+
+/// ZooKeeper ([`dlock_zk`]).
+#[cfg(feature = "zk")]
+pub use dlock_zk as zk;
+
+/// etcd ([`dlock_etcd`]).
+#[cfg(feature = "etcd")]
+pub use dlock_etcd as etcd;
 
 // The README's example is compiled and run as a doc test.
 #[cfg(doctest)]
