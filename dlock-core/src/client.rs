@@ -468,3 +468,102 @@ impl<B: Backend> Locker for Client<B> {
         self.inner.stats.snapshot()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::{sleep, timeout, Instant};
+
+    use crate::memory::Fault;
+    use crate::testing::probe_client;
+    use crate::{LockError, LockName, LockOptions, Locker};
+
+    fn name() -> LockName {
+        LockName::new("client/acquire").unwrap()
+    }
+
+    /// Waits (on the paused clock) until nothing the client started is still running.
+    async fn settled(client: &impl Locker) {
+        while client.stats().in_flight > 0 {
+            sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_cancelled_during_its_attempt_gives_back_the_grant() {
+        let (client, probe) = probe_client(Duration::from_secs(10));
+        let other = probe.store.client();
+        probe.link().set(Fault::DelayReplies(Duration::from_secs(1)));
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        assert!(timeout(Duration::from_millis(100), client.acquire(&name(), &opts)).await.is_err());
+        assert!(other.try_acquire(&name(), &opts).await.unwrap().is_none(), "the attempt was applied");
+        settled(&client).await;
+        let started = Instant::now();
+        let lease = other.try_acquire(&name(), &opts).await.unwrap().expect("the cancelled grant was given back");
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        lease.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_cancelled_while_waiting_leaves_no_place_in_the_queue() {
+        let (client, probe) = probe_client(Duration::from_secs(10));
+        let other = probe.store.client();
+        let opts = LockOptions::new().fair(true).wait(Duration::from_secs(60));
+        let held = other.acquire(&name(), &opts).await.unwrap();
+        let waiting = tokio::spawn({
+            let client = client.clone();
+            async move { client.acquire(&name(), &opts).await }
+        });
+        while other.inspect(&name()).await.unwrap().waiters != Some(1) {
+            sleep(Duration::from_millis(1)).await;
+        }
+        waiting.abort();
+        assert!(waiting.await.unwrap_err().is_cancelled());
+        settled(&client).await;
+        assert_eq!(other.inspect(&name()).await.unwrap().waiters, Some(0));
+        held.release().await.unwrap();
+        assert!(other.inspect(&name()).await.unwrap().holder.is_none(), "the cancelled waiter was not granted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_without_an_answer_is_given_back_in_the_background() {
+        let op = Duration::from_millis(200);
+        let (client, probe) = probe_client(op);
+        let other = probe.store.client();
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        probe.link().set(Fault::DropReplies);
+        let started = Instant::now();
+        assert!(matches!(client.acquire(&name(), &opts).await, Err(LockError::Unavailable { .. })));
+        assert_eq!(started.elapsed(), op, "the caller does not wait for the give-back");
+        settled(&client).await;
+        assert!(other.try_acquire(&name(), &opts).await.unwrap().is_some(), "no orphan hold for a ttl");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_born_expired_is_given_back_not_handed_out() {
+        // Validity counts from the send time and ends `drift` before the store's ttl:
+        // a reply that arrives in between finds a hold the store still keeps.
+        let ttl = Duration::from_secs(3);
+        let late = ttl - crate::drift(ttl) + Duration::from_millis(1);
+        let (client, probe) = probe_client(Duration::from_secs(10));
+        let other = probe.store.client();
+        probe.link().set(Fault::DelayReplies(late));
+        let trying = tokio::spawn({
+            let client = client.clone();
+            async move { client.try_acquire(&name(), &LockOptions::fixed(ttl)).await }
+        });
+        sleep(late + Duration::from_millis(1)).await;
+        assert!(other.inspect(&name()).await.unwrap().holder.is_none(), "released before the store's ttl ran out");
+        assert!(trying.await.unwrap().unwrap().is_none(), "no lease that is born expired");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_granted_after_a_slow_reply_counts_from_the_send_time() {
+        let ttl = Duration::from_secs(3);
+        let (client, probe) = probe_client(Duration::from_secs(10));
+        probe.link().set(Fault::DelayReplies(Duration::from_secs(1)));
+        let lease = client.acquire(&name(), &LockOptions::fixed(ttl)).await.unwrap();
+        assert_eq!(lease.remaining(), ttl - crate::drift(ttl) - Duration::from_secs(1));
+    }
+}
