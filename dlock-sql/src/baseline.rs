@@ -20,7 +20,7 @@ pub async fn raw_baseline(config: SqlConfig) -> Result<SqlBaseline, LockError> {
     let pool = Pool::connect(&config).await?;
     let sql = LeaseSql::new(config.dialect, &config.table());
     if config.create_table {
-        crate::schema::ensure(&pool, &sql.create, &sql.inspect, config.connect_timeout).await?;
+        crate::schema::ensure(&pool, &sql, config.connect_timeout).await?;
     }
     Ok(SqlBaseline { pool, sql })
 }
@@ -28,7 +28,14 @@ pub async fn raw_baseline(config: SqlConfig) -> Result<SqlBaseline, LockError> {
 const OWNER: &str = "raw-baseline";
 
 fn args(name: &LockName) -> Args<'_> {
-    Args { name: name.as_str(), owner: OWNER, fence: 0, ttl_us: DEFAULT_TTL.as_micros() as i64, batch: "" }
+    Args {
+        name: name.as_str(),
+        owner: OWNER,
+        fence: 0,
+        ttl_us: DEFAULT_TTL.as_micros() as i64,
+        grant: OWNER,
+        batch: "",
+    }
 }
 
 #[async_trait]

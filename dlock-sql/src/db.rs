@@ -12,7 +12,11 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::{Dialect, SqlConfig, Target};
 use crate::dialect::{Param, Reply, Stmt};
-use crate::error::lock_error;
+use crate::error::{is_rolled_back, lock_error};
+
+/// How many times a statement rolled back by a deadlock or serialization failure is sent
+/// again before its error is returned.
+const ROLLBACK_RETRIES: u32 = 5;
 
 /// A pool of connections to one database.
 #[derive(Clone, Debug)]
@@ -56,16 +60,52 @@ pub(crate) struct Args<'a> {
     pub(crate) owner: &'a str,
     pub(crate) fence: i64,
     pub(crate) ttl_us: i64,
+    pub(crate) grant: &'a str,
     pub(crate) batch: &'a str,
 }
 
 impl<'a> Args<'a> {
     pub(crate) fn name(name: &'a str) -> Self {
-        Args { name, owner: "", fence: 0, ttl_us: 0, batch: "" }
+        Args { name, owner: "", fence: 0, ttl_us: 0, grant: "", batch: "" }
     }
 
     pub(crate) fn batch(batch: &'a str) -> Self {
         Args { batch, ..Args::name("") }
+    }
+
+    pub(crate) fn to_owned(self) -> OwnedArgs {
+        OwnedArgs {
+            name: self.name.to_string(),
+            owner: self.owner.to_string(),
+            fence: self.fence,
+            ttl_us: self.ttl_us,
+            grant: self.grant.to_string(),
+            batch: self.batch.to_string(),
+        }
+    }
+}
+
+/// [`Args`] that own their text, for a statement that outlives its caller.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedArgs {
+    name: String,
+    owner: String,
+    fence: i64,
+    ttl_us: i64,
+    grant: String,
+    batch: String,
+}
+
+impl OwnedArgs {
+    pub(crate) fn args(&self) -> Args<'_> {
+        Args {
+            name: &self.name,
+            owner: &self.owner,
+            fence: self.fence,
+            ttl_us: self.ttl_us,
+            grant: &self.grant,
+            batch: &self.batch,
+        }
     }
 }
 
@@ -98,6 +138,7 @@ macro_rules! bind_all {
                 Param::Owner => q.bind($args.owner),
                 Param::Fence => q.bind($args.fence),
                 Param::TtlUs => q.bind($args.ttl_us),
+                Param::Grant => q.bind($args.grant),
                 Param::Batch => q.bind($args.batch),
             };
         }
@@ -189,7 +230,10 @@ impl Pool {
                     Target::Memory => SqliteConnectOptions::from_str("sqlite::memory:").map_err(bad)?,
                     Target::Server(_) => unreachable!("SQLite URLs parse to files"),
                 };
-                let opts = base.busy_timeout(config.get_busy_timeout()).synchronous(SqliteSynchronous::Normal);
+                // FULL: a commit is on disk before its statement answers, so a power cut
+                // cannot take back a fence increment a resource may already have seen (in WAL
+                // mode NORMAL may lose the last commits, and tokens would repeat).
+                let opts = base.busy_timeout(config.get_busy_timeout()).synchronous(SqliteSynchronous::Full);
                 // One connection for a private in-memory database: they would not share it.
                 let size = if matches!(target, Target::Memory) { 1 } else { size };
                 Pool::Sqlite(options(config, size).connect_lazy_with(opts))
@@ -201,9 +245,21 @@ impl Pool {
         })
     }
 
-    /// Runs one statement with its parameters.
+    /// Runs one statement with its parameters. A statement the database rolled back as a
+    /// deadlock victim or a serialization failure changed nothing, so it is sent again
+    /// (a few times, after a short jittered pause).
     pub(crate) async fn run(&self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, LockError> {
-        self.run_raw(stmt, args).await.map_err(lock_error)
+        let mut tries = 0;
+        loop {
+            match self.run_raw(stmt, args).await {
+                Err(err) if is_rolled_back(&err) && tries < ROLLBACK_RETRIES => {
+                    tries += 1;
+                    tracing::debug!(%err, tries, "statement rolled back by the database; sending it again");
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(1..=5 * u64::from(tries)))).await;
+                }
+                outcome => return outcome.map_err(lock_error),
+            }
+        }
     }
 
     async fn run_raw(&self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, sqlx::Error> {
@@ -246,6 +302,21 @@ impl Pool {
                     }
                 }
             }
+        }
+    }
+
+    /// The server's `VERSION()`.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) async fn version(&self) -> Result<String, LockError> {
+        let sql = AssertSqlSafe("SELECT VERSION()".to_string());
+        match self {
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => {
+                let version: Vec<u8> = sqlx::query_scalar(sql).fetch_one(pool).await.map_err(lock_error)?;
+                Ok(String::from_utf8_lossy(&version).into_owned())
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(LockError::backend("VERSION() is only read on MySQL and MariaDB")),
         }
     }
 

@@ -99,6 +99,14 @@ pub(crate) fn is_lock_contention(err: &sqlx::Error) -> bool {
     false
 }
 
+/// Whether the database rolled the statement back as a deadlock victim or a serialization
+/// failure: it changed nothing and may be sent again.
+pub(crate) fn is_rolled_back(err: &sqlx::Error) -> bool {
+    let Some(code) = code(err) else { return false };
+    // PostgreSQL: serialization_failure, deadlock_detected; MySQL/MariaDB: ER_LOCK_DEADLOCK.
+    matches!(code.as_str(), "40001" | "40P01" | "1213")
+}
+
 /// Whether an error means the database could not be reached.
 pub(crate) fn is_unavailable(err: &sqlx::Error) -> bool {
     match err {

@@ -5,17 +5,19 @@
 //! each (see [`crate::dialect`]); the fence counter is raised on every grant and never
 //! reset, because the row stays when the lock is released.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId};
+use tokio::time::Instant;
 
-use crate::batch::{Batcher, Pending};
 use crate::config::{Dialect, SqlConfig};
-use crate::db::{Args, Pool, Value};
-use crate::dialect::{LeaseSql, Reply};
+use crate::db::{Answer, Args, OwnedArgs, Pool, Value};
+use crate::dialect::{LeaseSql, Reply, Stmt};
 use crate::link::{Conn, SqlLink};
 #[cfg(feature = "postgres")]
 use crate::wake::Waker;
@@ -31,18 +33,25 @@ pub struct SqlBackend {
 struct Shared {
     conn: Arc<Conn>,
     sql: Arc<LeaseSql>,
-    batcher: Arc<Batcher>,
     dialect: Dialect,
+    /// Whether the database runs `renew_batch` (MariaDB before 10.6 has no `JSON_TABLE`:
+    /// it renews each hold with its own statement).
+    batch_renewals: bool,
     #[cfg(feature = "postgres")]
     waker: Option<Waker>,
 }
 
-/// A granted hold: the row's name, our owner identity and the token we were granted.
-#[derive(Debug, Clone)]
+/// A granted hold: the row's name, our owner identity, the token we were granted and the
+/// request id recorded with the grant.
+#[derive(Debug)]
 pub struct SqlHold {
     name: LockName,
     owner: OwnerId,
     fence: i64,
+    grant: String,
+    /// The ttl of the last grant or renewal, in microseconds: a release whose outcome is
+    /// unknown is retried for at most this long, after which the database has freed it.
+    ttl_us: AtomicI64,
 }
 
 /// A waiter's wake-up subscription (PostgreSQL); empty on the polling dialects.
@@ -93,6 +102,9 @@ fn token(fence: i64) -> Result<FencingToken, LockError> {
         .ok_or_else(|| LockError::backend(format!("the lease table returned an invalid fence {fence}")))
 }
 
+/// Pauses between the sends of a release or give-back whose outcome stays unknown.
+const SETTLE_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
+
 impl SqlBackend {
     /// Connects (within the connect timeout) and creates the lease table when it is
     /// missing and the config allows it.
@@ -100,8 +112,17 @@ impl SqlBackend {
         let pool = Pool::connect(&config).await?;
         let sql = LeaseSql::new(config.dialect, &config.table());
         if config.create_table {
-            crate::schema::ensure(&pool, &sql.create, &sql.inspect, config.connect_timeout).await?;
+            crate::schema::ensure(&pool, &sql, config.connect_timeout).await?;
         }
+        let batch_renewals = match config.dialect {
+            Dialect::MySql => {
+                let version = tokio::time::timeout(config.connect_timeout, pool.version())
+                    .await
+                    .map_err(|_| LockError::unavailable("reading the server version timed out"))??;
+                json_table(&version)
+            }
+            _ => true,
+        };
         let dialect = config.dialect;
         #[cfg(feature = "postgres")]
         let waker = sql.channel.clone().map(Waker::new);
@@ -109,8 +130,8 @@ impl SqlBackend {
             shared: Arc::new(Shared {
                 conn: Conn::new(config, pool),
                 sql: Arc::new(sql),
-                batcher: Arc::default(),
                 dialect,
+                batch_renewals,
                 #[cfg(feature = "postgres")]
                 waker,
             }),
@@ -136,26 +157,156 @@ impl SqlBackend {
     /// next renewal finds the hold gone and its lost signal fires. The fence counter stays,
     /// so the next holder's token is still higher.
     pub async fn evict(&self, name: &LockName) -> Result<(), LockError> {
-        let pool = self.shared.conn.pool().await?;
-        pool.run(&self.shared.sql.evict, Args::name(name.as_str())).await.map(drop)
+        self.run(&self.shared.sql.evict, Args::name(name.as_str())).await.map(drop)
     }
 
-    async fn row(&self, pool: &Pool, name: &LockName) -> Result<Option<Row>, LockError> {
-        let answer = pool.run(&self.shared.sql.inspect, Args::name(name.as_str())).await?;
+    async fn run(&self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, LockError> {
+        self.shared.conn.run(stmt, args).await
+    }
+
+    async fn row(&self, name: &LockName) -> Result<Option<Row>, LockError> {
+        let answer = self.run(&self.shared.sql.inspect, Args::name(name.as_str())).await?;
         answer.rows.first().map(|r| Row::parse(r)).transpose()
     }
 
-    fn hold_args<'a>(hold: &'a SqlHold, ttl: Duration) -> Args<'a> {
-        Args { name: hold.name.as_str(), owner: hold.owner.as_str(), fence: hold.fence, ttl_us: ttl_us(ttl), batch: "" }
+    fn hold_args(hold: &SqlHold, ttl: Duration) -> Args<'_> {
+        Args {
+            name: hold.name.as_str(),
+            owner: hold.owner.as_str(),
+            fence: hold.fence,
+            ttl_us: ttl_us(ttl),
+            grant: &hold.grant,
+            batch: "",
+        }
     }
 
-    fn granted_fence(&self, answer: &crate::db::Answer) -> Option<i64> {
+    fn granted_fence(&self, answer: &Answer) -> Option<i64> {
         match self.shared.sql.acquire.reply {
             Reply::Rows => answer.rows.first().and_then(|r| r.first()).and_then(Value::int),
             // MySQL: LAST_INSERT_ID carries the token, 0 when busy.
             Reply::Done => i64::try_from(answer.last_id).ok().filter(|f| *f > 0),
         }
     }
+
+    /// Sends a take-back statement (a release, a give-back) until its outcome is known,
+    /// each send bounded by the operation timeout, for at most `lasting` (after which the
+    /// database has freed what it would take back). A take-back removes its own grant
+    /// id, so one applied twice takes back one hold: sending it again is safe. The first
+    /// outcome goes to the caller; the sends after it go on in the background when the
+    /// caller gives up (or is given up on) first.
+    async fn settle(&self, stmt: Stmt, args: OwnedArgs, lasting: Duration) -> Result<bool, LockError> {
+        let (first, answer) = tokio::sync::oneshot::channel();
+        let (conn, op_timeout) = (self.shared.conn.clone(), self.shared.conn.config().op_timeout);
+        let until = Instant::now() + lasting;
+        tokio::spawn(async move {
+            let mut first = Some(first);
+            let mut pause = SETTLE_BACKOFF.0;
+            loop {
+                let outcome = match tokio::time::timeout(op_timeout, conn.run(&stmt, args.args())).await {
+                    Ok(Ok(answer)) => Ok(answer.matched(stmt.reply) > 0),
+                    Ok(Err(err)) => Err(err),
+                    Err(_) => Err(LockError::unavailable(format!("no answer within {op_timeout:?}"))),
+                };
+                let known = !matches!(&outcome, Err(err) if err.is_transient());
+                if let Some(first) = first.take() {
+                    let _ = first.send(outcome);
+                }
+                if known || Instant::now() + pause >= until {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(SETTLE_BACKOFF.1);
+            }
+        });
+        answer.await.unwrap_or_else(|_| Err(LockError::backend("the release task ended without an answer")))
+    }
+
+    /// Renews holds with one statement: the `(name, fence)` pairs it renewed.
+    async fn renew_together(&self, holds: &[&SqlHold], ttl: Duration) -> Result<Vec<(String, i64)>, LockError> {
+        let sql = &self.shared.sql;
+        // One entry per row (the leases of a re-entrant owner share one).
+        let mut unique: Vec<(&str, &str, i64)> =
+            holds.iter().map(|h| (h.name.as_str(), h.owner.as_str(), h.fence)).collect();
+        unique.sort_unstable();
+        unique.dedup();
+        let ttl = ttl_us(ttl);
+        let mut json = String::from("[");
+        for (i, (name, owner, fence)) in unique.iter().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str("{\"n\":");
+            json_string(&mut json, name);
+            json.push_str(",\"o\":");
+            json_string(&mut json, owner);
+            json.push_str(&format!(",\"f\":{fence},\"t\":{ttl}}}"));
+        }
+        json.push(']');
+        let answer = self.run(&sql.renew_batch, Args::batch(&json)).await?;
+        let rows = match (sql.renew_batch.reply, &sql.renewed) {
+            (Reply::Rows, _) => answer.rows,
+            (Reply::Done, Some(check)) => {
+                if answer.affected == unique.len() as u64 {
+                    return Ok(unique.iter().map(|(n, _, f)| (n.to_string(), *f)).collect());
+                }
+                self.run(check, Args::batch(&json)).await?.rows
+            }
+            (Reply::Done, None) => return Err(LockError::backend("a batch renewal without a way to read its result")),
+        };
+        Ok(rows
+            .iter()
+            .filter_map(|r| match (r.first(), r.get(1)) {
+                (Some(Value::Text(name)), Some(Value::Int(fence))) => Some((name.clone(), *fence)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Renews one hold with its own statement: whether it was renewed.
+    async fn renew_one(&self, hold: &SqlHold, ttl: Duration) -> Result<bool, LockError> {
+        let stmt = &self.shared.sql.renew;
+        let answer = self.run(stmt, Self::hold_args(hold, ttl)).await?;
+        Ok(answer.matched(stmt.reply) > 0)
+    }
+
+    /// Why a hold the renewal did not find is gone.
+    async fn loss(&self, hold: &SqlHold) -> Result<Renewal, LockError> {
+        let row = self.row(&hold.name).await?;
+        Ok(match row.as_ref().and_then(Row::holder) {
+            Some((owner, fence)) if owner != hold.owner.as_str() || fence != hold.fence => {
+                Renewal::Lost(LostReason::Stolen)
+            }
+            _ => Renewal::Lost(LostReason::Expired),
+        })
+    }
+}
+
+/// Whether a MySQL or MariaDB server of this `VERSION()` has `JSON_TABLE` (MySQL 8.0.4,
+/// MariaDB 10.6).
+fn json_table(version: &str) -> bool {
+    // MariaDB may prefix its version with `5.5.5-` for old replication clients.
+    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut parts = version.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if version.to_ascii_lowercase().contains("mariadb") {
+        (major, minor) >= (10, 6)
+    } else {
+        major >= 8
+    }
+}
+
+/// Appends `text` as a JSON string literal.
+fn json_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 #[async_trait]
@@ -180,27 +331,40 @@ impl Backend for SqlBackend {
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<SqlTicket>) -> Result<Attempt<SqlHold>, LockError> {
-        let pool = self.shared.conn.pool().await?;
         #[cfg(not(feature = "postgres"))]
         let _ = ticket;
         #[cfg(feature = "postgres")]
         if let (Some(waker), true, None) = (&self.shared.waker, req.blocking, ticket.as_ref()) {
             // Subscribe before the attempt, so a release committed after it always wakes us.
+            let pool = self.shared.conn.pool().await?;
             let subscription = waker.subscribe(&pool, req.name.as_str()).await?;
             *ticket = Some(SqlTicket { subscription: Some(subscription) });
         }
-        let args =
-            Args { name: req.name.as_str(), owner: req.owner.as_str(), fence: 0, ttl_us: ttl_us(req.ttl()), batch: "" };
-        let answer = pool.run(&self.shared.sql.acquire, args).await?;
+        let ttl = ttl_us(req.ttl());
+        let args = Args {
+            name: req.name.as_str(),
+            owner: req.owner.as_str(),
+            fence: 0,
+            ttl_us: ttl,
+            grant: req.id.as_str(),
+            batch: "",
+        };
+        let answer = self.run(&self.shared.sql.acquire, args).await?;
         if let Some(fence) = self.granted_fence(&answer) {
-            let hold = SqlHold { name: req.name.clone(), owner: req.owner.clone(), fence };
+            let hold = SqlHold {
+                name: req.name.clone(),
+                owner: req.owner.clone(),
+                fence,
+                grant: req.id.as_str().to_string(),
+                ttl_us: AtomicI64::new(ttl),
+            };
             return Ok(Attempt::Granted { hold, token: token(fence)? });
         }
         if !req.blocking {
             return Ok(Attempt::Busy { retry_after: None });
         }
         // Busy: look again when the holder's hold runs out, at the latest.
-        let row = self.row(&pool, &req.name).await?;
+        let row = self.row(&req.name).await?;
         let remaining = row
             .as_ref()
             .and_then(|r| r.holder().map(|_| r.remaining_us))
@@ -225,43 +389,78 @@ impl Backend for SqlBackend {
         Ok(())
     }
 
-    async fn renew(&self, hold: &SqlHold, ttl: Duration) -> Result<Renewal, LockError> {
-        let pool = self.shared.conn.pool().await?;
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let pending = Pending {
-            name: hold.name.as_str().to_string(),
-            owner: hold.owner.as_str().to_string(),
-            fence: hold.fence,
-            ttl_us: ttl_us(ttl),
-            reply,
+    /// Takes back the grant recorded under the request's id, if the attempt made one:
+    /// never another request's grant, even of the same owner.
+    async fn give_back(&self, req: &Request, ticket: Option<SqlTicket>) {
+        drop(ticket);
+        let args = Args {
+            name: req.name.as_str(),
+            owner: req.owner.as_str(),
+            fence: 0,
+            ttl_us: 0,
+            grant: req.id.as_str(),
+            batch: "",
         };
-        let timeout = self.shared.conn.config().op_timeout;
-        self.shared.batcher.submit(pool.clone(), self.shared.sql.clone(), timeout, pending);
-        match answer.await {
-            Ok(Ok(true)) => return Ok(Renewal::Renewed),
-            Ok(Ok(false)) => {}
-            Ok(Err(err)) => return Err(err),
-            Err(_) => return Err(LockError::backend("the renewal batch ended without an answer")),
+        let lasting = req.ttl() + Duration::from_millis(1);
+        match self.settle(self.shared.sql.give_back.clone(), args.to_owned(), lasting).await {
+            Ok(taken) => tracing::debug!(lock = %req.name, taken, "gave back an attempt of unknown outcome"),
+            Err(err) => tracing::debug!(lock = %req.name, %err, "giving back an attempt of unknown outcome failed"),
         }
-        let row = self.row(&pool, &hold.name).await?;
-        Ok(match row.as_ref().and_then(Row::holder) {
-            Some((owner, fence)) if owner != hold.owner.as_str() || fence != hold.fence => {
-                Renewal::Lost(LostReason::Stolen)
-            }
-            _ => Renewal::Lost(LostReason::Expired),
-        })
     }
 
+    async fn renew(&self, hold: &SqlHold, ttl: Duration) -> Result<Renewal, LockError> {
+        self.renew_many(&[hold], ttl).await.pop().unwrap_or_else(|| Err(LockError::backend("no renewal answer")))
+    }
+
+    /// One statement renews every hold (on MariaDB before 10.6, one statement each); the
+    /// holds it did not find are looked up to tell a stolen lock from an expired one.
+    async fn renew_many(&self, holds: &[&SqlHold], ttl: Duration) -> Vec<Result<Renewal, LockError>> {
+        let renewed: Vec<Result<bool, LockError>> = match holds {
+            [] => return Vec::new(),
+            [one] => vec![self.renew_one(one, ttl).await],
+            many if self.shared.batch_renewals => match self.renew_together(many, ttl).await {
+                Ok(rows) => {
+                    let renewed: HashMap<(String, i64), ()> = rows.into_iter().map(|r| (r, ())).collect();
+                    many.iter().map(|h| Ok(renewed.contains_key(&(h.name.as_str().to_string(), h.fence)))).collect()
+                }
+                Err(err) => {
+                    // The first hold keeps the error itself; the others get its text.
+                    let (transient, why) = (err.is_transient(), err.to_string());
+                    let mut first = Some(err);
+                    let mut each = || match first.take() {
+                        Some(err) => err,
+                        None if transient => LockError::unavailable(why.clone()),
+                        None => LockError::backend(why.clone()),
+                    };
+                    many.iter().map(|_| Err(each())).collect()
+                }
+            },
+            many => futures::future::join_all(many.iter().map(|h| self.renew_one(h, ttl))).await,
+        };
+        let answers = holds.iter().zip(renewed).map(|(hold, renewed)| async move {
+            match renewed? {
+                true => {
+                    hold.ttl_us.fetch_max(ttl_us(ttl), Ordering::Relaxed);
+                    Ok(Renewal::Renewed)
+                }
+                false => self.loss(hold).await,
+            }
+        });
+        futures::future::join_all(answers).await
+    }
+
+    /// Takes back this lease's own grant. When the answer is lost, the release is sent
+    /// again until its outcome is known (or the hold has expired anyway): applied twice, it
+    /// still takes back one hold.
     async fn release(&self, hold: &SqlHold) -> Result<Release, LockError> {
-        let pool = self.shared.conn.pool().await?;
-        let stmt = &self.shared.sql.release;
-        let answer = pool.run(stmt, Self::hold_args(hold, Duration::ZERO)).await?;
-        Ok(if answer.matched(stmt.reply) > 0 { Release::Released } else { Release::NotHeld })
+        let args = Self::hold_args(hold, Duration::ZERO).to_owned();
+        let lasting = Duration::from_micros(hold.ttl_us.load(Ordering::Relaxed).unsigned_abs());
+        let released = self.settle(self.shared.sql.release.clone(), args, lasting).await?;
+        Ok(if released { Release::Released } else { Release::NotHeld })
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
-        let pool = self.shared.conn.pool().await?;
-        let row = self.row(&pool, name).await?;
+        let row = self.row(name).await?;
         let holder = match row.as_ref().and_then(|r| r.holder().map(|h| (h, r))) {
             Some(((owner, fence), row)) => Some(Holder {
                 owner: OwnerId::new(owner)?,
@@ -272,5 +471,33 @@ impl Backend for SqlBackend {
             None => None,
         };
         Ok(LockInfo { holder, waiters: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{json_string, json_table};
+
+    #[test]
+    fn escapes_json() {
+        let mut out = String::new();
+        json_string(&mut out, "a\"b\\c\n\u{1}🔒");
+        assert_eq!(out, "\"a\\\"b\\\\c\\u000a\\u0001🔒\"");
+    }
+
+    #[test]
+    fn knows_which_servers_have_json_table() {
+        for (version, has) in [
+            ("10.5.23-MariaDB-0+deb11u1", false),
+            ("10.6.0-MariaDB", true),
+            ("10.11.19-MariaDB-0+deb12u1", true),
+            ("11.4.2-MariaDB", true),
+            ("5.7.44", false),
+            ("8.0.36", true),
+            ("5.5.5-10.5.9-MariaDB", false),
+            ("5.5.5-10.6.1-MariaDB", true),
+        ] {
+            assert_eq!(json_table(version), has, "{version}");
+        }
     }
 }

@@ -60,7 +60,6 @@
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod advisory;
 mod baseline;
-mod batch;
 mod config;
 mod db;
 mod dialect;

@@ -5,18 +5,28 @@ use std::time::Duration;
 use dlock_core::LockError;
 
 use crate::db::{Args, Pool};
-use crate::dialect::Stmt;
+use crate::dialect::LeaseSql;
 use crate::error::lock_error;
 
-/// Runs the `CREATE TABLE IF NOT EXISTS` statements. Several clients starting at once may
-/// race on PostgreSQL's catalog (a unique violation on `pg_type`); a statement that fails
+/// Runs the `CREATE TABLE IF NOT EXISTS` statements, then brings a table made by an
+/// earlier version up to date. Several clients starting at once may race on PostgreSQL's
+/// catalog (a unique violation on `pg_type`) or on the upgrade; a statement that fails
 /// while the table is nonetheless usable afterwards is not an error.
-pub(crate) async fn ensure(pool: &Pool, create: &[String], probe: &Stmt, timeout: Duration) -> Result<(), LockError> {
+pub(crate) async fn ensure(pool: &Pool, sql: &LeaseSql, timeout: Duration) -> Result<(), LockError> {
     let work = async {
-        for ddl in create {
+        for ddl in &sql.create {
             if let Err(err) = pool.run_plain(ddl).await {
-                if pool.run(probe, Args::name("dlock-schema-probe")).await.is_err() {
+                if pool.run(&sql.inspect, Args::name("dlock-schema-probe")).await.is_err() {
                     return Err(lock_error(err));
+                }
+            }
+        }
+        for (probe, upgrade) in &sql.upgrade {
+            if pool.run_plain(probe).await.is_err() {
+                if let Err(err) = pool.run_plain(upgrade).await {
+                    if pool.run_plain(probe).await.is_err() {
+                        return Err(lock_error(err));
+                    }
                 }
             }
         }

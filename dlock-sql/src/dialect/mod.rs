@@ -24,6 +24,8 @@ pub(crate) enum Param {
     Fence,
     /// The ttl in microseconds (rounded up).
     TtlUs,
+    /// The request id of one grant (see [`dlock_core::backend::RequestId`]).
+    Grant,
     /// A batch of holds to renew, as a JSON array of `{"n": name, "o": owner, "f": fence,
     /// "t": ttl_us}` objects.
     Batch,
@@ -57,9 +59,15 @@ impl Stmt {
 ///
 /// - `acquire` grants (free, expired, or re-entrant by the same owner) in one statement and
 ///   answers with the token: a `(fence, holds)` row, or on MySQL the `LAST_INSERT_ID`
-///   value (0 when busy).
+///   value (0 when busy). It records the request id of the grant in `grants`
+///   (`,id1,id2,`: one per hold of a re-entrant owner), so that a release, or the give-back
+///   of an acquire whose reply was lost, takes back exactly its own grant, once.
 /// - `inspect` answers `(owner, fence, holds, remaining_us)`.
 /// - `renew` and `release` are owner- and token-checked; they match one row or none.
+///   `release` also needs its grant to be recorded, and removes it: a release applied twice
+///   (its reply lost, then sent again) takes back one hold, not two.
+/// - `give_back` takes back the grant of one request id, if the row has it, whatever the
+///   token (the caller never learnt it).
 /// - `renew_batch` renews many holds in one statement; it answers with the `(name, fence)`
 ///   rows it renewed, or on MySQL with the count of rows it matched (`renewed` then lists
 ///   them when some were not).
@@ -73,7 +81,11 @@ pub(crate) struct LeaseSql {
     pub(crate) renew_batch: Stmt,
     pub(crate) renewed: Option<Stmt>,
     pub(crate) release: Stmt,
+    pub(crate) give_back: Stmt,
     pub(crate) evict: Stmt,
+    /// Brings a lease table made by an earlier version up to date: a probe that fails on an
+    /// old table, and the statement that fixes it.
+    pub(crate) upgrade: Vec<(String, String)>,
     /// PostgreSQL: the LISTEN/NOTIFY channel released locks are announced on.
     pub(crate) channel: Option<String>,
 }

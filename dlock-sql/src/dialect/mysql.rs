@@ -27,19 +27,21 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
              owner VARBINARY(256) NULL, \
              holds BIGINT NOT NULL DEFAULT 0, \
              fence BIGINT NOT NULL DEFAULT 0, \
-             expires_us BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
+             expires_us BIGINT NOT NULL DEFAULT 0, \
+             grants VARBINARY(16384) NOT NULL DEFAULT '') ENGINE=InnoDB"
         )],
         acquire: Stmt::new(
             format!(
-                "INSERT INTO {t} (name, owner, holds, fence, expires_us) \
-                 VALUES (?, ?, 1, LAST_INSERT_ID(1), {NOW} + ? + {CLOCK_SLACK_US}) \
+                "INSERT INTO {t} (name, owner, holds, fence, expires_us, grants) \
+                 VALUES (?, ?, 1, LAST_INSERT_ID(1), {NOW} + ? + {CLOCK_SLACK_US}, CONCAT(',', ?, ',')) \
                  ON DUPLICATE KEY UPDATE \
                  fence = IF({free}, LAST_INSERT_ID(fence + 1), IF(owner = ?, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))), \
                  holds = IF({free}, 1, IF(owner = ?, holds + 1, holds)), \
+                 grants = IF({free}, CONCAT(',', ?, ','), IF(owner = ?, CONCAT(grants, ?, ','), grants)), \
                  owner = IF({free}, ?, owner), \
                  expires_us = IF(owner = ?, GREATEST(expires_us, {NOW} + ? + {CLOCK_SLACK_US}), expires_us)"
             ),
-            &[Name, Owner, TtlUs, Owner, Owner, Owner, Owner, TtlUs],
+            &[Name, Owner, TtlUs, Grant, Owner, Owner, Grant, Owner, Grant, Owner, Owner, TtlUs],
             Reply::Done,
         ),
         inspect: Stmt::new(
@@ -72,20 +74,33 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
             Reply::Rows,
         )),
         release: Stmt::new(
-            format!(
-                "UPDATE {t} SET holds = holds - 1, \
-                 owner = IF(holds = 0, NULL, owner), \
-                 expires_us = IF(holds = 0, 0, expires_us) \
-                 WHERE name = ? AND owner = ? AND fence = ? AND expires_us > {NOW}"
-            ),
-            &[Name, Owner, Fence],
+            take_back(t, &format!("AND fence = ? AND expires_us > {NOW}")),
+            &[Grant, Name, Owner, Grant, Fence],
             Reply::Done,
         ),
+        give_back: Stmt::new(take_back(t, ""), &[Grant, Name, Owner, Grant], Reply::Done),
         evict: Stmt::new(
-            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0 WHERE name = ?"),
+            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '' WHERE name = ?"),
             &[Name],
             Reply::Done,
         ),
+        upgrade: vec![(
+            format!("SELECT grants FROM {t} WHERE 1 = 0"),
+            format!("ALTER TABLE {t} ADD COLUMN grants VARBINARY(16384) NOT NULL DEFAULT ''"),
+        )],
         channel: None,
     }
+}
+
+/// Takes back the grant of an owner on a lock (under `extra` conditions): one hold less,
+/// the lock freed with the last. Parameters: grant, name, owner, grant, then `extra`'s.
+/// `holds` is assigned first, so the assignments after it see the new count.
+fn take_back(t: &str, extra: &str) -> String {
+    format!(
+        "UPDATE {t} SET holds = holds - 1, \
+         grants = REPLACE(grants, CONCAT(',', ?, ','), ','), \
+         owner = IF(holds = 0, NULL, owner), \
+         expires_us = IF(holds = 0, 0, expires_us) \
+         WHERE name = ? AND owner = ? AND LOCATE(CONCAT(',', ?, ','), grants) > 0 {extra}"
+    )
 }

@@ -16,21 +16,24 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
              owner TEXT COLLATE \"C\", \
              holds BIGINT NOT NULL DEFAULT 0, \
              fence BIGINT NOT NULL DEFAULT 0, \
-             expires_us BIGINT NOT NULL DEFAULT 0)"
+             expires_us BIGINT NOT NULL DEFAULT 0, \
+             grants TEXT COLLATE \"C\" NOT NULL DEFAULT '')"
         )],
         acquire: Stmt::new(
             format!(
-                "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us) \
-                 VALUES ($1, $2, 1, 1, {NOW} + $3 + {CLOCK_SLACK_US}) \
+                "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us, grants) \
+                 VALUES ($1, $2, 1, 1, {NOW} + $3 + {CLOCK_SLACK_US}, ',' || $4 || ',') \
                  ON CONFLICT (name) DO UPDATE SET \
                  holds = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_us > {NOW} THEN l.holds + 1 ELSE 1 END, \
                  fence = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_us > {NOW} THEN l.fence ELSE l.fence + 1 END, \
+                 grants = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_us > {NOW} \
+                 THEN l.grants || $4 || ',' ELSE EXCLUDED.grants END, \
                  expires_us = GREATEST(l.expires_us, EXCLUDED.expires_us), \
                  owner = EXCLUDED.owner \
                  WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_us <= {NOW} \
                  RETURNING fence, holds"
             ),
-            &[Name, Owner, TtlUs],
+            &[Name, Owner, TtlUs, Grant],
             Reply::Rows,
         ),
         inspect: Stmt::new(
@@ -58,24 +61,36 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
         ),
         renewed: None,
         release: Stmt::new(
-            format!(
-                "WITH r AS (UPDATE {t} SET holds = holds - 1, \
-                 owner = CASE WHEN holds <= 1 THEN NULL ELSE owner END, \
-                 expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
-                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_us > {NOW} RETURNING holds) \
-                 SELECT holds, CASE WHEN holds = 0 THEN (SELECT 1 FROM pg_notify('{channel}', $1)) END FROM r"
-            ),
-            &[Name, Owner, Fence],
+            take_back(t, &channel, &format!("AND fence = $4 AND expires_us > {NOW}")),
+            &[Name, Owner, Grant, Fence],
             Reply::Rows,
         ),
+        give_back: Stmt::new(take_back(t, &channel, ""), &[Name, Owner, Grant], Reply::Rows),
         evict: Stmt::new(
             format!(
-                "WITH r AS (UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0 WHERE name = $1 RETURNING name) \
+                "WITH r AS (UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '' WHERE name = $1 RETURNING name) \
                  SELECT (SELECT 1 FROM pg_notify('{channel}', $1)) FROM r"
             ),
             &[Name],
             Reply::Rows,
         ),
+        upgrade: vec![(
+            format!("SELECT grants FROM {t} WHERE 1 = 0"),
+            format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS grants TEXT COLLATE \"C\" NOT NULL DEFAULT ''"),
+        )],
         channel: Some(channel),
     }
+}
+
+/// Takes back the grant `$3` of owner `$2` on lock `$1` (under `extra` conditions): one
+/// hold less, the lock freed (and announced) with the last.
+fn take_back(t: &str, channel: &str, extra: &str) -> String {
+    format!(
+        "WITH r AS (UPDATE {t} SET holds = holds - 1, \
+         grants = replace(grants, ',' || $3 || ',', ','), \
+         owner = CASE WHEN holds <= 1 THEN NULL ELSE owner END, \
+         expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
+         WHERE name = $1 AND owner = $2 AND strpos(grants, ',' || $3 || ',') > 0 {extra} RETURNING holds) \
+         SELECT holds, CASE WHEN holds = 0 THEN (SELECT 1 FROM pg_notify('{channel}', $1)) END FROM r"
+    )
 }

@@ -16,21 +16,24 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
              owner TEXT, \
              holds INTEGER NOT NULL DEFAULT 0, \
              fence INTEGER NOT NULL DEFAULT 0, \
-             expires_us INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID"
+             expires_us INTEGER NOT NULL DEFAULT 0, \
+             grants TEXT NOT NULL DEFAULT '') WITHOUT ROWID"
         )],
         acquire: Stmt::new(
             format!(
-                "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us) \
-                 VALUES (?1, ?2, 1, 1, {NOW} + ?3 + {CLOCK_SLACK_US}) \
+                "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us, grants) \
+                 VALUES (?1, ?2, 1, 1, {NOW} + ?3 + {CLOCK_SLACK_US}, ',' || ?4 || ',') \
                  ON CONFLICT (name) DO UPDATE SET \
                  holds = CASE WHEN l.owner = excluded.owner AND l.expires_us > {NOW} THEN l.holds + 1 ELSE 1 END, \
                  fence = CASE WHEN l.owner = excluded.owner AND l.expires_us > {NOW} THEN l.fence ELSE l.fence + 1 END, \
+                 grants = CASE WHEN l.owner = excluded.owner AND l.expires_us > {NOW} \
+                 THEN l.grants || ?4 || ',' ELSE excluded.grants END, \
                  expires_us = MAX(l.expires_us, excluded.expires_us), \
                  owner = excluded.owner \
                  WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_us <= {NOW} \
                  RETURNING fence, holds"
             ),
-            &[Name, Owner, TtlUs],
+            &[Name, Owner, TtlUs, Grant],
             Reply::Rows,
         ),
         inspect: Stmt::new(
@@ -59,20 +62,32 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
         ),
         renewed: None,
         release: Stmt::new(
-            format!(
-                "UPDATE {t} SET holds = holds - 1, \
-                 owner = CASE WHEN holds <= 1 THEN NULL ELSE owner END, \
-                 expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
-                 WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_us > {NOW}"
-            ),
-            &[Name, Owner, Fence],
+            take_back(t, &format!("AND fence = ?4 AND expires_us > {NOW}")),
+            &[Name, Owner, Grant, Fence],
             Reply::Done,
         ),
+        give_back: Stmt::new(take_back(t, ""), &[Name, Owner, Grant], Reply::Done),
         evict: Stmt::new(
-            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0 WHERE name = ?1"),
+            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '' WHERE name = ?1"),
             &[Name],
             Reply::Done,
         ),
+        upgrade: vec![(
+            format!("SELECT grants FROM {t} WHERE 1 = 0"),
+            format!("ALTER TABLE {t} ADD COLUMN grants TEXT NOT NULL DEFAULT ''"),
+        )],
         channel: None,
     }
+}
+
+/// Takes back the grant `?3` of owner `?2` on lock `?1` (under `extra` conditions): one
+/// hold less, the lock freed with the last.
+fn take_back(t: &str, extra: &str) -> String {
+    format!(
+        "UPDATE {t} SET holds = holds - 1, \
+         grants = replace(grants, ',' || ?3 || ',', ','), \
+         owner = CASE WHEN holds <= 1 THEN NULL ELSE owner END, \
+         expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
+         WHERE name = ?1 AND owner = ?2 AND instr(grants, ',' || ?3 || ',') > 0 {extra}"
+    )
 }

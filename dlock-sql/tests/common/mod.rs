@@ -3,8 +3,9 @@
 //! files in a temporary directory.
 //!
 //! SQLite has no server and no network. Its fixture plays the faults at each client's edge
-//! with [`SqlLink`]: a faulty client's `cut` closes its pool and fails its calls, `blackhole`
-//! stalls them; "stopping the backend" cuts every client's link (as when the disk holding the
+//! with [`SqlLink`] (every fault, as the in-process reference backend plays them: a statement
+//! that got through is applied even when its reply is held back, delayed or lost; a cut
+//! closes the client's pool); "stopping the backend" cuts every client's link (as when the disk holding the
 //! file goes away: every process's calls fail) and "starting" it restores them, with the
 //! file and its fence counters intact. An unreachable SQLite database is a file in a
 //! directory that does not exist.
@@ -210,12 +211,7 @@ struct SqliteLink(SqlLink);
 
 impl Link for SqliteLink {
     fn set(&self, fault: Fault) {
-        match fault {
-            Fault::None => self.0.restore(),
-            Fault::Cut => self.0.cut(),
-            Fault::Blackhole => self.0.blackhole(),
-            other => panic!("the SQLite link cannot play {other:?}"),
-        }
+        self.0.set(fault);
     }
 }
 
