@@ -24,7 +24,7 @@ use crate::options::{drift, LockOptions, MAX_DURATION};
 use crate::outcome::{Attempt, Release, Renewal};
 use crate::renewal::Scheduler;
 use crate::state::{HoldOps, LeaseCore, LeaseSpec, LostSignal};
-use crate::stats::{ClientStats, InFlight, Stats};
+use crate::stats::{ClientStats, InFlight, Outcome, Stats};
 use crate::token::FencingToken;
 
 /// Settings every client shares, whatever its backend.
@@ -99,7 +99,7 @@ impl<B: Backend> Client<B> {
 
     /// A client with the given settings.
     pub fn with_config(backend: B, config: ClientConfig) -> Self {
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Stats::new(backend.name()));
         Client {
             inner: Arc::new(Inner {
                 backend,
@@ -152,7 +152,15 @@ impl<B: Backend> Client<B> {
             let cancel = cancel.clone();
             async move { inner.acquire_loop(&req, &opts, &cancel).await }.instrument(span)
         };
-        Guarded { run: Some(Box::pin(run)), cancel, in_flight }.await
+        let stats = self.inner.stats.clone();
+        let result = Guarded { run: Some(Box::pin(run)), cancel, in_flight, stats: stats.clone() }.await;
+        stats.acquire_ended(match &result {
+            Ok(Some(_)) => Outcome::Granted,
+            Ok(None) => Outcome::Busy,
+            Err(LockError::Timeout) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        });
+        result
     }
 }
 
@@ -191,6 +199,7 @@ struct Guarded {
     run: Option<Pin<Box<dyn Future<Output = AcquireResult> + Send>>>,
     cancel: Arc<Cancel>,
     in_flight: Option<InFlight>,
+    stats: Arc<Stats>,
 }
 
 impl Future for Guarded {
@@ -213,6 +222,7 @@ impl Drop for Guarded {
     fn drop(&mut self) {
         let Some(run) = self.run.take() else { return };
         self.cancel.fire();
+        self.stats.acquire_ended(Outcome::Cancelled);
         // Without a runtime nothing can finish the attempt; the hold's ttl frees it.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let in_flight = self.in_flight.take();
@@ -262,6 +272,7 @@ impl<B: Backend> Inner<B> {
         let backoff = opts.retry_backoff();
         let mut ticket: Option<B::Ticket> = None;
         let mut polls = 0u32;
+        let mut handed_off = false;
         loop {
             if cancel.is_fired() {
                 self.abandon(req, ticket).await;
@@ -281,6 +292,7 @@ impl<B: Backend> Inner<B> {
                 Attempt::Granted { hold, token } => {
                     if validity(&self.backend, &hold, sent, req.ttl()).0 > Instant::now() {
                         tracing::debug!(%token, waited = ?started.elapsed(), "acquired");
+                        self.stats.granted(started.elapsed(), handed_off);
                         return Ok(Some(self.make_lease(req, opts, hold, token, sent)));
                     }
                     // Granted so late that the lease would be born expired: give it back
@@ -288,7 +300,10 @@ impl<B: Backend> Inner<B> {
                     let _ = self.timed("release", self.backend.release(&hold)).await;
                     Some(Duration::ZERO)
                 }
-                Attempt::Busy { retry_after } => retry_after,
+                Attempt::Busy { retry_after } => {
+                    handed_off = true;
+                    retry_after
+                }
             };
             let now = Instant::now();
             let cancelled = cancel.is_fired();
@@ -303,7 +318,7 @@ impl<B: Backend> Inner<B> {
                 backoff.delay(polls - 1).min(retry_after.unwrap_or(MAX_DURATION))
             };
             let until = deadline.min(now + pause);
-            self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+            self.stats.waiting(true);
             let waited = {
                 let wait = self.backend.wait(req, &mut ticket, until);
                 tokio::select! {
@@ -311,7 +326,7 @@ impl<B: Backend> Inner<B> {
                     _ = cancel.fired() => None,
                 }
             };
-            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.stats.waiting(false);
             match waited {
                 Some(Ok(())) => {}
                 Some(Err(err)) => {

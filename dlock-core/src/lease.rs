@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,8 +51,7 @@ pub struct Lease {
 
 impl Lease {
     pub(crate) fn new(core: Arc<LeaseCore>, scheduler: Scheduler) -> Self {
-        core.stats.acquired.fetch_add(1, Ordering::Relaxed);
-        core.stats.active.fetch_add(1, Ordering::Relaxed);
+        core.stats.lease_started();
         scheduler.register(core.clone());
         Lease { handle: LeaseHandle { core }, scheduler, finished: false }
     }
@@ -112,7 +110,7 @@ impl Lease {
             return Err(LockError::NotHeld);
         }
         let outcome = core.hold.release().await;
-        core.stats.released.fetch_add(1, Ordering::Relaxed);
+        core.stats.released();
         match outcome? {
             Release::Released => Ok(()),
             Release::NotHeld => {
@@ -126,7 +124,7 @@ impl Lease {
         if !self.finished {
             self.finished = true;
             self.scheduler.deregister(&self.handle.core);
-            self.handle.core.stats.active.fetch_sub(1, Ordering::Relaxed);
+            self.handle.core.stats.lease_ended(self.handle.core.granted_at.elapsed());
         }
     }
 }
@@ -147,7 +145,7 @@ fn release_in_background(core: Arc<LeaseCore>) {
         runtime.spawn(async move {
             let _in_flight = in_flight;
             let outcome = core.hold.release().await;
-            core.stats.released.fetch_add(1, Ordering::Relaxed);
+            core.stats.released();
             if let Err(err) = outcome {
                 tracing::debug!(lock = %core.name, %err, "background release failed; the ttl will free the lock");
             }

@@ -25,6 +25,43 @@
 //! lease.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Tracing
+//!
+//! Every backend operation runs in a [`tracing`] span with the fields `backend`, `lock`
+//! and, once granted, `token`:
+//!
+//! | span | level | extra fields |
+//! |---|---|---|
+//! | `dlock.acquire` | info | `owner`, `blocking` |
+//! | `dlock.extend` | info | `ttl` |
+//! | `dlock.renew` | debug | `leases` (how many renewals went in one backend call), `ttl`; no `lock` |
+//! | `dlock.release` | info | |
+//!
+//! A lost lease logs a `warn` event with its reason.
+//!
+//! # Metrics
+//!
+//! Clients record through the [`metrics`](https://docs.rs/metrics) facade, so they cost
+//! next to nothing until the application installs a recorder (such as
+//! `metrics-exporter-prometheus`; see `dlock/examples/prometheus.rs`). Every metric has a
+//! `backend` label (`redis`, `postgres`, ...). Lock names are never labels: they are
+//! unbounded.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `dlock_acquires_total` | counter | `outcome`: `granted`, `busy`, `timeout`, `cancelled`, `error` | acquire and try_acquire calls, by how they ended |
+//! | `dlock_acquire_wait_seconds` | histogram | | from the call to the grant |
+//! | `dlock_handoffs_total` | counter | | grants to a caller that found the lock held and waited |
+//! | `dlock_hold_seconds` | histogram | | from the grant to the release or drop of the lease |
+//! | `dlock_renewals_total` | counter | `outcome`: `renewed`, `error` | watchdog renewals, one per lease |
+//! | `dlock_renewal_seconds` | histogram | | latency of one backend renewal call (renewals due together share one) |
+//! | `dlock_leases_lost_total` | counter | `reason`: `expired`, `renewal_failed`, `session_expired`, `stolen`, `backend_unavailable` | lost signals fired |
+//! | `dlock_active_leases` | gauge | | leases alive now |
+//! | `dlock_waiting` | gauge | | acquires waiting for a holder to let go |
+//! | `dlock_in_flight` | gauge | | acquires and background releases under way |
+//!
+//! [`ClientStats`] gives the same counts for one client, without a recorder.
 
 pub mod backend;
 mod baseline;

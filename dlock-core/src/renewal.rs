@@ -114,7 +114,7 @@ impl Scheduler {
 
     pub(crate) fn register(&self, core: Arc<LeaseCore>) {
         let shared = &self.shared;
-        shared.stats.scheduled.fetch_add(1, Ordering::Relaxed);
+        shared.stats.tracking(true);
         let due = shared.nanos(first_due(&core));
         let waiting = {
             let mut incoming = lock_unpoisoned(&shared.incoming);
@@ -382,6 +382,7 @@ impl RenewalLoop {
     fn renewals_done(&mut self, (ids, sent, ttl, answers): Done) {
         self.in_flight_leases -= ids.len();
         let now = Instant::now();
+        self.stats.renewal_round(now - sent);
         let mut answers = answers.into_iter();
         for id in ids {
             let answer = answers
@@ -408,7 +409,7 @@ impl RenewalLoop {
         }
         match answer {
             Ok(Renewal::Renewed) => {
-                self.stats.renewals.fetch_add(1, Ordering::Relaxed);
+                self.stats.renewal(true);
                 entry.core.renewed(sent, ttl);
                 if sent >= entry.renewed_from {
                     entry.renewed_from = sent;
@@ -425,7 +426,7 @@ impl RenewalLoop {
                 return;
             }
             Err(err) => {
-                self.stats.renewal_errors.fetch_add(1, Ordering::Relaxed);
+                self.stats.renewal(false);
                 // A renewal older than the latest success says nothing about the hold now.
                 if sent >= entry.renewed_from {
                     tracing::debug!(lock = %entry.core.name, %err, "renewal failed; retrying until the lease runs out");

@@ -108,7 +108,7 @@ impl LeaseCore {
     pub(crate) fn untrack(&self) -> bool {
         let was = self.tracked.swap(false, Ordering::AcqRel);
         if was {
-            self.stats.scheduled.fetch_sub(1, Ordering::Relaxed);
+            self.stats.tracking(false);
         }
         was
     }
@@ -172,7 +172,7 @@ impl LeaseCore {
         });
         if fired {
             self.untrack();
-            self.stats.lost.fetch_add(1, Ordering::Relaxed);
+            self.stats.lost(reason);
             tracing::warn!(lock = %self.name, token = %self.token, %reason, "lease lost");
         }
     }
