@@ -33,7 +33,7 @@ use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::watch;
 
 use crate::config::{Dialect, SqlConfig, Target};
-use crate::db::Pool;
+use crate::db::{Pool, Warm};
 use crate::error::{is_unavailable, lock_error};
 use crate::link::{Conn, SqlLink};
 use crate::relay::{self, Relay};
@@ -136,7 +136,7 @@ impl AdvisoryBackend {
         if config.dialect == Dialect::Sqlite {
             return Err(LockError::InvalidInput("SQLite has no advisory locks".into()));
         }
-        let pool = Pool::connect(&config).await?;
+        let pool = Pool::connect(&config, &Warm::default()).await?;
         let table = format!("{}_advisory", config.prefix);
         if config.create_table {
             let create = create_sql(config.dialect, &table);
@@ -159,7 +159,7 @@ impl AdvisoryBackend {
                 dialect: config.dialect,
                 classid: classid(&table),
                 table,
-                conn: Conn::new(config, pool),
+                conn: Conn::new(config, pool, Warm::default()),
                 ids: Mutex::default(),
                 idle: Mutex::default(),
                 warming: std::sync::atomic::AtomicBool::new(false),

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use dlock_core::{LockError, LockName, RawBaseline, DEFAULT_TTL};
 
 use crate::config::SqlConfig;
-use crate::db::{Args, Pool};
+use crate::db::{Args, Pool, Warm};
 use crate::dialect::LeaseSql;
 
 /// The lease table's statements sent raw (see [`RawBaseline`]).
@@ -17,7 +17,7 @@ pub struct SqlBaseline {
 
 /// Opens the pool (and the table) for the raw baseline.
 pub async fn raw_baseline(config: SqlConfig) -> Result<SqlBaseline, LockError> {
-    let pool = Pool::connect(&config).await?;
+    let pool = Pool::connect(&config, &Warm::default()).await?;
     let sql = LeaseSql::new(config.dialect, &config.table());
     if config.create_table {
         crate::schema::ensure(&pool, &sql, config.connect_timeout).await?;

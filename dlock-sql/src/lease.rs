@@ -16,7 +16,7 @@ use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockNa
 use tokio::time::Instant;
 
 use crate::config::{Dialect, SqlConfig};
-use crate::db::{Answer, Args, OwnedArgs, Pool, Value};
+use crate::db::{Answer, Args, OwnedArgs, Pool, Value, Warm};
 use crate::dialect::{LeaseSql, Reply, Stmt};
 use crate::link::{Conn, SqlLink};
 #[cfg(feature = "postgres")]
@@ -109,8 +109,12 @@ impl SqlBackend {
     /// Connects (within the connect timeout) and creates the lease table when it is
     /// missing and the config allows it.
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
-        let pool = Pool::connect(&config).await?;
         let sql = LeaseSql::new(config.dialect, &config.table());
+        let warm: Warm = [&sql.renew, &sql.renew_batch, &sql.inspect, &sql.release, &sql.give_back]
+            .iter()
+            .map(|stmt| stmt.sql.clone())
+            .collect();
+        let pool = Pool::connect(&config, &warm).await?;
         if config.create_table {
             crate::schema::ensure(&pool, &sql, config.connect_timeout).await?;
         }
@@ -128,7 +132,7 @@ impl SqlBackend {
         let waker = sql.channel.clone().map(Waker::new);
         Ok(SqlBackend {
             shared: Arc::new(Shared {
-                conn: Conn::new(config, pool),
+                conn: Conn::new(config, pool, warm),
                 sql: Arc::new(sql),
                 dialect,
                 batch_renewals,

@@ -25,7 +25,7 @@ use dlock_core::LockError;
 use tokio::sync::{oneshot, watch};
 
 use crate::config::SqlConfig;
-use crate::db::{Answer, Args, Pool};
+use crate::db::{Answer, Args, Pool, Warm};
 use crate::dialect::Stmt;
 
 /// The shared state of a client's connection: its pool and the fault it plays.
@@ -33,6 +33,8 @@ use crate::dialect::Stmt;
 pub(crate) struct Conn {
     config: SqlConfig,
     pool: Mutex<Option<Pool>>,
+    /// What a fresh pool's connections prepare.
+    warm: Warm,
     wire: Wire,
 }
 
@@ -66,14 +68,14 @@ enum Direction {
 }
 
 impl Conn {
-    pub(crate) fn new(config: SqlConfig, pool: Pool) -> Arc<Self> {
+    pub(crate) fn new(config: SqlConfig, pool: Pool, warm: Warm) -> Arc<Self> {
         let wire = Wire {
             fault: watch::channel(Fault::None).0,
             held: AtomicU64::new(0),
             next: AtomicU64::new(0),
             through: watch::channel(0).0,
         };
-        Arc::new(Conn { config, pool: Mutex::new(Some(pool)), wire })
+        Arc::new(Conn { config, pool: Mutex::new(Some(pool)), warm, wire })
     }
 
     pub(crate) fn config(&self) -> &SqlConfig {
@@ -96,7 +98,7 @@ impl Conn {
         match &*slot {
             Some(pool) => Ok(pool.clone()),
             None => {
-                let pool = Pool::connect_lazy(&self.config, self.config.pool_size)?;
+                let pool = Pool::connect_lazy(&self.config, self.config.pool_size, &self.warm)?;
                 *slot = Some(pool.clone());
                 Ok(pool)
             }
