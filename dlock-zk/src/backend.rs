@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
-use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, DEFAULT_TTL};
+use dlock_core::{
+    Capabilities, FencingToken, Holder, LeaseMode, LockError, LockInfo, LockName, LostReason, DEFAULT_TTL,
+};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
@@ -122,8 +124,9 @@ impl ZkBackend {
         }
     }
 
-    fn hold(&self, session: Arc<Session>, node: Arc<Node>) -> ZkHold {
-        ZkHold { session, node, id: self.next_hold.fetch_add(1, Ordering::Relaxed) }
+    fn hold(&self, req: &Request, session: Arc<Session>, node: Arc<Node>) -> ZkHold {
+        let watchdog = matches!(req.mode, LeaseMode::Watchdog { .. });
+        ZkHold { session, node, id: self.next_hold.fetch_add(1, Ordering::Relaxed), watchdog }
     }
 
     /// A re-entrant acquire: the owner already holds the lock through this client. The
@@ -157,7 +160,7 @@ impl ZkBackend {
                     }
                     node.extend(started + req.ttl());
                     let token = node.token;
-                    return Ok(Some(Attempt::Granted { hold: self.hold(session, node), token }));
+                    return Ok(Some(Attempt::Granted { hold: self.hold(req, session, node), token }));
                 }
                 Err(zk::Error::NoNode) => session.lose(&node, LostReason::Expired),
                 // The hold went with its session: acquire afresh.
@@ -208,7 +211,7 @@ impl ZkBackend {
         let data = znode::encode_data(&req.owner, 1);
         let options = zk::CreateMode::EphemeralSequential.with_acls(settings.acls());
         loop {
-            let sent = Instant::now();
+            let sent = session.sending();
             let create = client.create(&prefix, &data, &options);
             let list = client.list_children(&ticket.lock_path);
             let (created, listed) = futures::join!(create, list);
@@ -228,7 +231,7 @@ impl ZkBackend {
                     // The create may have been applied: look for the uuid before retrying
                     // (after a sync, so that a create applied elsewhere in the ensemble
                     // is seen).
-                    let sent = Instant::now();
+                    let sent = session.sending();
                     match retrying(|| client.sync(&ticket.lock_path)).await {
                         Ok(()) | Err(zk::Error::NoNode) => {}
                         Err(err) => return Err(lock_error("sync", err)),
@@ -286,8 +289,19 @@ impl ZkBackend {
             let (children, sent) = if t.node.is_none() {
                 self.create_node(req, t).await?
             } else {
-                let sent = Instant::now();
-                match retrying(|| client.list_children(&t.lock_path)).await {
+                // The sync goes through the leader, so an answer confirms the session (a
+                // member cut off from the leader cannot), and the list that follows it
+                // sees every delete the leader committed before.
+                let sent = session.sending();
+                let synced_list = || async {
+                    let (synced, listed) =
+                        futures::join!(client.sync(&t.lock_path), client.list_children(&t.lock_path));
+                    match synced {
+                        Ok(()) | Err(zk::Error::NoNode) => listed,
+                        Err(err) => Err(err),
+                    }
+                };
+                match retrying(synced_list).await {
                     Ok(children) => (children, sent),
                     Err(zk::Error::NoNode) => (Vec::new(), sent),
                     Err(err) => return Err(lock_error("list", err)),
@@ -298,15 +312,18 @@ impl ZkBackend {
             let mut queue = znode::queue(children);
             // Nodes of this attempt other than its own come from a create whose reply was
             // lost and that was sent again: delete them, or they would block the queue.
+            // The monitor deletes them, retrying until it can.
             for twin in queue.iter().filter(|c| c.has_uuid(&t.uuid) && c.name != own_name) {
                 let path = format!("{}/{}", t.lock_path, twin.name);
                 tracing::debug!(%path, "deleting a duplicate node of this attempt");
-                drop(client.delete(&path, None));
+                session.discard(Unwanted { lock_path: t.lock_path.clone(), uuid: t.uuid.clone(), path: Some(path) });
             }
             queue.retain(|c| !c.has_uuid(&t.uuid) || c.name == own_name);
             let Some(position) = queue.iter().position(|c| c.name == own_name) else {
                 // Our node vanished (deleted underneath a waiter): queue again.
                 tracing::debug!(path = %own_path, "the waiter's node is gone; queueing again");
+                // Should it still exist unseen, it must not block the queue.
+                session.discard(t.unwanted());
                 t.node = None;
                 t.watcher = None;
                 continue;
@@ -328,7 +345,7 @@ impl ZkBackend {
                 if let Some(mut granted) = ticket.take() {
                     granted.settled = true;
                 }
-                return Ok(Attempt::Granted { hold: self.hold(session, node), token });
+                return Ok(Attempt::Granted { hold: self.hold(req, session, node), token });
             }
             if !req.blocking {
                 return Ok(Attempt::Busy { retry_after: None });
@@ -407,6 +424,8 @@ pub struct ZkHold {
     session: Arc<Session>,
     node: Arc<Node>,
     id: u64,
+    /// Whether the lease is renewed by the watchdog (rather than `Fixed`).
+    watchdog: bool,
 }
 
 impl std::fmt::Debug for ZkHold {
@@ -565,20 +584,65 @@ impl Backend for ZkBackend {
     }
 
     async fn renew(&self, hold: &ZkHold, ttl: Duration) -> Result<Renewal, LockError> {
-        let node = &hold.node;
-        if let Some(reason) = node.lost() {
-            return Ok(Renewal::Lost(reason));
-        }
+        self.renew_many(&[hold], ttl).await.pop().unwrap_or_else(|| Err(LockError::unavailable("no renewal answer")))
+    }
+
+    /// One `sync` and multi-read per session for all the holds: a hold is renewed when the
+    /// leader-confirmed read finds its node.
+    async fn renew_many(&self, holds: &[&ZkHold], ttl: Duration) -> Vec<Result<Renewal, LockError>> {
         let called = Instant::now();
-        if !hold.session.check(&node.path).await? {
-            hold.session.lose(node, LostReason::Expired);
-            return Ok(Renewal::Lost(node.lost().unwrap_or(LostReason::Expired)));
+        let mut answers: Vec<Option<Result<Renewal, LockError>>> =
+            holds.iter().map(|hold| hold.node.lost().map(|reason| Ok(Renewal::Lost(reason)))).collect();
+        // Holds of one ttl share a session, but a re-entered hold may live on another.
+        let mut groups: Vec<(&Arc<Session>, Vec<usize>)> = Vec::new();
+        for (i, hold) in holds.iter().enumerate().filter(|(i, _)| answers[*i].is_none()) {
+            match groups.iter_mut().find(|(session, _)| Arc::ptr_eq(session, &hold.session)) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((&hold.session, vec![i])),
+            }
         }
-        if let Some(reason) = node.lost() {
-            return Ok(Renewal::Lost(reason));
+        let checks = groups.iter().map(|(session, members)| async move {
+            let paths: Vec<&str> = members.iter().map(|&i| holds[i].node.path.as_str()).collect();
+            let outcome = session.confirm_nodes(&paths).await;
+            if let Ok(exists) = &outcome {
+                session.lose_missing(&paths, exists);
+            }
+            outcome
+        });
+        let outcomes = futures::future::join_all(checks).await;
+        for ((session, members), outcome) in groups.iter().zip(outcomes) {
+            match outcome {
+                Ok(exists) => {
+                    for (&i, exists) in members.iter().zip(exists) {
+                        let node = &holds[i].node;
+                        answers[i] = Some(Ok(match node.lost() {
+                            Some(reason) => Renewal::Lost(reason),
+                            None if !exists => {
+                                session.lose(node, session.gone_reason());
+                                Renewal::Lost(node.lost().unwrap_or(LostReason::Expired))
+                            }
+                            None => {
+                                node.extend(called + ttl);
+                                Renewal::Renewed
+                            }
+                        }));
+                    }
+                }
+                Err(err) => {
+                    // The last hold of the group gets the error itself, with its source.
+                    if let Some((&last, others)) = members.split_last() {
+                        for &i in others {
+                            answers[i] = Some(Err(LockError::unavailable(err.to_string())));
+                        }
+                        answers[last] = Some(Err(err));
+                    }
+                }
+            }
         }
-        node.extend(called + ttl);
-        Ok(Renewal::Renewed)
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(LockError::unavailable("no renewal answer"))))
+            .collect()
     }
 
     async fn release(&self, hold: &ZkHold) -> Result<Release, LockError> {
@@ -645,6 +709,20 @@ impl Backend for ZkBackend {
                 read_queue(&session, &self.settings.config.lock_path(name)).await
             }
             outcome => outcome,
+        }
+    }
+
+    /// A watchdog lease's renewals are what confirm its session: each keeps the hold for
+    /// the session timeout the server negotiated (perhaps below the ttl), less the guard
+    /// by which confirmations lag (see `Session::guard`). A `Fixed` lease (or an
+    /// extension of one) is kept for its ttl by the client, on a session whose own
+    /// heartbeats keep it alive and whose lost signal fires before the server could end
+    /// it.
+    fn effective_ttl(&self, hold: &ZkHold, requested: Duration) -> Duration {
+        if hold.watchdog {
+            requested.min(hold.session.negotiated().saturating_sub(hold.session.guard()))
+        } else {
+            requested
         }
     }
 

@@ -38,15 +38,22 @@
 //! the request into its `[minSessionTimeout, maxSessionTimeout]` (by default 2 and 20
 //! ticks, 4 s to 40 s), and the *negotiated* timeout is what bounds a hold:
 //!
+//! - Validity is confirmed only through the leader, which alone expires sessions: every
+//!   confirming read has a `sync` pipelined in front of it, so a member cut off from the
+//!   leader, still answering reads from its stale tree, cannot vouch for a hold. A
+//!   watchdog lease counts its validity from the negotiated timeout less a guard (a
+//!   quarter and a tenth of it, for the leader's delayed view of the client's activity),
+//!   not from the requested ttl.
 //! - The lost signal fires with `SessionExpired` when the session expires, and with
-//!   `BackendUnavailable` when no request was answered for the negotiated timeout minus a
-//!   guard (a tenth of it): the server cannot expire the session sooner than the timeout
-//!   after it last heard from the client, so the holder always learns of the loss first.
-//! - Renewals are batched per session: every renewal asks whether its node still exists,
-//!   and the renewals arriving within a few milliseconds share one multi-read request
-//!   (1,000 leases renewing every second cost a few dozen requests a second, not 1,000).
-//!   A node deleted underneath its holder is noticed at the next renewal (a `Fixed`
-//!   lease's, by the heartbeat read of an otherwise idle session, or when it runs out).
+//!   `BackendUnavailable` when nothing was confirmed through the leader for the
+//!   negotiated timeout minus that guard: the leader cannot expire the session sooner, so
+//!   the holder learns of the loss first.
+//! - The renewals that fall due together (the client hands them over in one
+//!   `renew_many` call) share one `sync` and one multi-read request per session (1,000
+//!   leases renewing every few seconds cost a few requests, not 1,000). No renewal is cut
+//!   short by a timeout of this crate: a late answer within the lease's validity still
+//!   renews. A node deleted underneath its holder is noticed at the next renewal (a
+//!   `Fixed` lease's, by the heartbeat read of the session, or when it runs out).
 //! - `Fixed(ttl)` leases are honoured, and so are `extend` and `max_hold`: the client
 //!   deletes a hold's node when its ttl passes without renewal. A holder that dies leaves
 //!   its node until its session expires instead, so a lock frees within the ttl *or* the

@@ -14,9 +14,9 @@
 //! - sends a heartbeat read of the held nodes when nothing else was answered for a third
 //!   of the timeout (so an idle session keeps its holds, and a node deleted underneath its
 //!   holder is noticed);
-//! - batches renewals: each renewal asks whether its node still exists, and the renewals
-//!   arriving within a few milliseconds share one multi-read request (one round trip per
-//!   batch, not per lease); a check slower than half the session timeout counts as failed;
+//! - keeps one heartbeat at a time in flight, with no timeout of its own: a late answer
+//!   still tells when the server last heard from the client (the client library drops a
+//!   connection that stays silent, which fails the request);
 //! - deletes a hold's node when its ttl passes without renewal (`Fixed` leases, `max_hold`),
 //!   so that holds expire by ttl while the client lives, and by session expiry when it dies;
 //! - deletes unwanted nodes: those of abandoned waits whose delete failed, of holds whose
@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::{LockError, LockName, LostReason, OwnerId};
 use futures::future::join_all;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 use zookeeper_client as zk;
 
 use crate::error::{is_transient, lock_error, timed_out};
@@ -39,19 +39,16 @@ use crate::node::Node;
 use crate::settings::Settings;
 use crate::znode;
 
-/// Renewal checks per multi-read request, so that a request stays far below the server's
+/// Node checks per multi-read request, so that a request stays far below the server's
 /// packet limit (`jute.maxbuffer`, 1 MiB by default).
-const BATCH_CHUNK: usize = 256;
+const READ_CHUNK: usize = 256;
+
+/// Heartbeats in flight at once per session (they stall together on a stalled connection,
+/// which the library then drops).
+const MAX_HEARTBEATS: usize = 8;
 
 /// The pause between attempts to open a session.
 const CONNECT_RETRY: Duration = Duration::from_millis(50);
-
-/// The longest a renewal check waits for others to share its request.
-const BATCH_WINDOW: Duration = Duration::from_millis(20);
-
-/// Batches of renewal checks in flight at once per session: a second batch goes out
-/// while the first is answered, so a check waits for at most about one round trip.
-const MAX_BATCHES: usize = 2;
 
 /// A node to delete once the session can: its lock znode, the uuid of the attempt that
 /// created it, and its path when known.
@@ -62,8 +59,6 @@ pub(crate) struct Unwanted {
     pub path: Option<String>,
 }
 
-type Verdict = oneshot::Sender<Result<bool, LockError>>;
-
 #[derive(Default)]
 struct Registry {
     /// Granted nodes by uuid.
@@ -71,13 +66,12 @@ struct Registry {
     /// The uuid of the node an owner holds on a lock, for re-entrant acquires.
     owners: HashMap<(LockName, OwnerId), String>,
     unwanted: Vec<Unwanted>,
-    /// Renewal checks waiting for the next batch.
-    checks: Vec<(String, Verdict)>,
-    /// When the oldest waiting check arrived.
-    checks_since: Option<Instant>,
-    /// Batches of checks in flight.
-    batches: usize,
-    last_batch: Option<Instant>,
+    /// Heartbeats in flight.
+    heartbeats: usize,
+    /// When the last heartbeat was sent.
+    last_heartbeat: Option<Instant>,
+    /// When the last heartbeat that reads the held nodes was sent.
+    last_node_read: Option<Instant>,
     /// No held node expires before this (expiry only moves later, so the nodes need
     /// scanning only once it passes).
     next_expiry: Option<Instant>,
@@ -94,6 +88,10 @@ pub(crate) struct Session {
     origin: Instant,
     /// Nanoseconds from `origin` to the send time of the latest answered request.
     confirmed: AtomicU64,
+    /// Nanoseconds from `origin` to the send time of this crate's latest request.
+    last_sent: AtomicU64,
+    /// The longest the client library lets an idle connection go without a ping.
+    ping_gap: Duration,
     registry: Mutex<Registry>,
     kick: Arc<Notify>,
 }
@@ -110,7 +108,13 @@ impl Session {
     /// milliseconds; the server may clamp it) and starts its monitor.
     pub(crate) async fn open(settings: Arc<Settings>, ttl: Duration) -> Result<Arc<Session>, LockError> {
         let requested = session_timeout_for(ttl);
-        let mut connector = zk::Client::connector().with_session_timeout(requested).with_fail_eagerly();
+        // The library drops a connection that stays silent for its connection timeout (a
+        // third of the session timeout by default), however close an answer is: allow
+        // 3/5, so that answers that come late but in time still count.
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(requested)
+            .with_connection_timeout(connection_timeout_for(requested))
+            .with_fail_eagerly();
         if let Some(auth) = settings.config.digest_auth() {
             connector = connector.with_auth("digest", &auth);
         }
@@ -143,7 +147,12 @@ impl Session {
             origin,
             // The server started the session's clock after the connect request was sent.
             confirmed: AtomicU64::new(0),
-            registry: Mutex::new(Registry { last_batch: Some(origin), ..Registry::default() }),
+            last_sent: AtomicU64::new(0),
+            // The library pings after 3 of its ticks of silence: 3/40 of the connection
+            // timeout set below (or 3/20 of the session timeout when that is shorter), and
+            // at most every 10 s.
+            ping_gap: (connection_timeout_for(requested) * 3 / 8).max(negotiated * 3 / 20).min(Duration::from_secs(10)),
+            registry: Mutex::new(Registry { last_heartbeat: Some(origin), ..Registry::default() }),
             kick: kick.clone(),
         });
         tokio::spawn(monitor(Arc::downgrade(&session), kick, states));
@@ -173,7 +182,27 @@ impl Session {
         matches!(self.client.state(), zk::SessionState::SyncConnected)
     }
 
-    /// A request sent at `sent` was answered: the server has heard from us since.
+    /// Notes that a request goes out now, and returns the time an answer through the
+    /// leader confirms: now when this crate sent something shortly before (the guard
+    /// covers that gap), else earlier by the gap the library's pings may have left.
+    pub(crate) fn sending(&self) -> Instant {
+        let now = Instant::now();
+        let nanos = now.saturating_duration_since(self.origin).as_nanos().min(u64::MAX as u128) as u64;
+        let prev = self.origin + Duration::from_nanos(self.last_sent.swap(nanos, Ordering::AcqRel));
+        if now.saturating_duration_since(prev) <= self.heartbeat_every() {
+            now
+        } else {
+            now.checked_sub(self.ping_gap.saturating_sub(self.heartbeat_every())).unwrap_or(self.origin)
+        }
+    }
+
+    /// How often the monitor sends a `sync` while the session holds nodes.
+    fn heartbeat_every(&self) -> Duration {
+        self.negotiated / 10
+    }
+
+    /// A request sent at `sent` was answered through the leader: the leader has heard
+    /// from us since (within the guard).
     pub(crate) fn confirm(&self, sent: Instant) {
         let nanos = sent.saturating_duration_since(self.origin).as_nanos().min(u64::MAX as u128) as u64;
         self.confirmed.fetch_max(nanos, Ordering::AcqRel);
@@ -183,15 +212,20 @@ impl Session {
         self.origin + Duration::from_nanos(self.confirmed.load(Ordering::Acquire))
     }
 
-    /// How long before the earliest possible server-side expiry the holds are given up:
-    /// the drift allowance and room for a late timer.
-    fn guard(&self) -> Duration {
-        self.negotiated / 10 + Duration::from_millis(2)
-    }
-
-    /// How long renewal checks wait for others to join their batch.
-    fn batch_window(&self) -> Duration {
-        (self.negotiated / 50).min(BATCH_WINDOW)
+    /// How long before the earliest possible server-side expiry the holds are given up.
+    ///
+    /// Only the leader expires sessions, and it learns that a client was heard from when
+    /// the client's member reports its touched sessions, in its answer to the leader's
+    /// next ping (every half tick). An answer that went through the leader (a `sync`, a
+    /// write) shows the member's link to the leader worked when the request was sent, so
+    /// the leader has heard of the client's packets up to the member's previous report
+    /// (at most half a tick before; a tick is at most half the negotiated timeout, the
+    /// shortest session the server grants being two ticks). The packet before that one
+    /// went at most a heartbeat earlier ([`sending`](Session::sending) counts a longer
+    /// silence against the confirmation). So a quarter plus a tenth of the timeout, and
+    /// the drift allowance.
+    pub(crate) fn guard(&self) -> Duration {
+        guard_for(self.negotiated)
     }
 
     /// The waiter's node became a hold. Refused (`false`) when the session has ended: the
@@ -247,31 +281,86 @@ impl Session {
         self.kick.notify_one();
     }
 
-    /// Whether the node at `path` still exists: one check in the next batch of renewal
-    /// checks, which shares a single round trip. `Unavailable` while disconnected.
-    pub(crate) async fn check(&self, path: &str) -> Result<bool, LockError> {
+    /// Whether each node at `paths` still exists, as the leader sees it: a `sync` (which
+    /// the member forwards to the leader) pipelined in front of multi-reads of the nodes,
+    /// so that a member cut off from the leader, still answering reads from its stale
+    /// tree, cannot vouch for the holds. An answer confirms the session from the time the
+    /// requests were sent. No timeout of its own: a late answer is still an answer, and the
+    /// caller bounds the wait. `Unavailable` while disconnected.
+    pub(crate) async fn confirm_nodes(&self, paths: &[&str]) -> Result<Vec<bool>, LockError> {
         if !self.is_connected() {
             return Err(LockError::unavailable(format!(
                 "ZooKeeper session {} is disconnected",
                 self.client.session_id()
             )));
         }
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut registry = self.registry();
-            if let Some(state) = registry.ended {
-                return Err(LockError::unavailable(format!("the ZooKeeper session ended ({state})")));
-            }
-            registry.checks_since.get_or_insert_with(Instant::now);
-            registry.checks.push((path.to_string(), tx));
+        if let Some(state) = self.registry().ended {
+            return Err(LockError::unavailable(format!("the ZooKeeper session ended ({state})")));
         }
-        self.kick.notify_one();
-        // A check slower than half the session timeout counts as failed, so that a lease
-        // whose renewals hang is lost as unreachable (and retried meanwhile), not expired.
-        let bound = self.settings.op_timeout().min(self.negotiated / 2);
-        match tokio::time::timeout(bound, rx).await {
-            Ok(answer) => answer.unwrap_or_else(|_| Err(LockError::unavailable("the ZooKeeper session ended"))),
-            Err(_) => Err(timed_out("renewal check", bound)),
+        let sent = self.sending();
+        // Requests are sent when made, in this order, and a member answers a session's
+        // requests in order: the reads are answered after the sync.
+        let synced = self.client.sync("/");
+        let reads: Vec<_> = paths
+            .chunks(READ_CHUNK)
+            .map(|chunk| {
+                let mut reader = self.client.new_multi_reader();
+                let added: Result<(), zk::Error> = chunk.iter().try_for_each(|path| reader.add_get_data(path));
+                let commit = added.map(|()| reader.commit());
+                async move { commit?.await }
+            })
+            .collect();
+        let (synced, read) = futures::join!(synced, join_all(reads));
+        match synced {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(err) => return Err(lock_error("sync with the leader", err)),
+        }
+        let mut exists = Vec::with_capacity(paths.len());
+        for results in read {
+            for result in results.map_err(|err| lock_error("renewal check", err))? {
+                exists.push(match result {
+                    zk::MultiReadResult::Data { .. } => true,
+                    zk::MultiReadResult::Error { err: zk::Error::NoNode } => false,
+                    zk::MultiReadResult::Error { err } => return Err(lock_error("renewal check", err)),
+                    // Only data reads were sent.
+                    _ => false,
+                });
+            }
+        }
+        if exists.len() != paths.len() {
+            let why = format!("ZooKeeper answered {} of {} node checks", exists.len(), paths.len());
+            return Err(LockError::Backend(why.into()));
+        }
+        self.confirm(sent);
+        Ok(exists)
+    }
+
+    /// The nodes at `paths` that this session holds and that are gone: deleted
+    /// underneath their holder (an operator), or with the session.
+    pub(crate) fn lose_missing(&self, paths: &[&str], exists: &[bool]) {
+        let gone: Vec<Arc<Node>> = {
+            let registry = self.registry();
+            paths
+                .iter()
+                .zip(exists)
+                .filter(|(_, exists)| !**exists)
+                .filter_map(|(path, _)| {
+                    let uuid = znode::uuid_of(path.rsplit('/').next()?)?;
+                    registry.held.get(uuid).filter(|node| node.path == *path).cloned()
+                })
+                .collect()
+        };
+        for node in gone {
+            self.lose(&node, self.gone_reason());
+        }
+    }
+
+    /// Why a held node that vanished is gone: with its session, or deleted by someone.
+    pub(crate) fn gone_reason(&self) -> LostReason {
+        if self.is_ended() {
+            LostReason::SessionExpired
+        } else {
+            LostReason::Expired
         }
     }
 
@@ -325,32 +414,31 @@ impl Session {
             at(next);
         }
 
-        let heartbeat = self.negotiated / 3;
-        if !self.is_connected() {
-            // Requests would only queue until the connection is back (the state change
-            // wakes the monitor then); renewals fail now and are retried by the client.
-            registry.checks_since = None;
-            for (_, tx) in registry.checks.drain(..) {
-                let _ = tx.send(Err(LockError::unavailable("the ZooKeeper session is disconnected")));
-            }
-        } else if registry.batches < MAX_BATCHES {
-            let due = !registry.held.is_empty() && registry.last_batch.is_none_or(|last| now >= last + heartbeat);
-            // Checks wait a moment for others to share their request.
-            let gathered = registry.checks_since.map(|since| since + self.batch_window());
-            if let Some(gathered) = gathered.filter(|gathered| *gathered > now && !due) {
-                at(gathered);
-            } else if !registry.checks.is_empty() || due {
-                registry.checks_since = None;
-                let mut checks: Vec<(String, Option<Verdict>)> =
-                    std::mem::take(&mut registry.checks).into_iter().map(|(path, tx)| (path, Some(tx))).collect();
-                if due {
-                    checks.extend(registry.held.values().map(|node| (node.path.clone(), None)));
-                }
-                registry.batches += 1;
-                registry.last_batch = Some(now);
-                tokio::spawn(run_batch(self.clone(), checks));
-            } else if let Some(last) = registry.last_batch.filter(|_| !registry.held.is_empty()) {
-                at(last + heartbeat);
+        // While disconnected, requests would only queue until the connection is back (the
+        // state change wakes the monitor then).
+        // While it holds nodes, the session sends a `sync` every tenth of its timeout, and
+        // reads the held nodes every third (noticing nodes deleted underneath). Renewals
+        // do both, and postpone them. None has a timeout of its own: a late answer still
+        // confirms, and the library drops a connection that stays silent too long.
+        if self.is_connected() && registry.heartbeats < MAX_HEARTBEATS && !registry.held.is_empty() {
+            let confirmed = self.confirmed_at();
+            let last = registry.last_heartbeat.map_or(confirmed, |last| last.max(confirmed));
+            let due = last + self.heartbeat_every();
+            if now >= due {
+                let read_due =
+                    registry.last_node_read.map_or(confirmed, |last| last.max(confirmed)) + self.negotiated / 3;
+                let paths: Vec<String> = if now >= read_due {
+                    registry.last_node_read = Some(now);
+                    registry.held.values().map(|node| node.path.clone()).collect()
+                } else {
+                    Vec::new()
+                };
+                registry.heartbeats += 1;
+                registry.last_heartbeat = Some(now);
+                tokio::spawn(run_heartbeat(self.clone(), paths));
+                at(now + self.heartbeat_every());
+            } else {
+                at(due);
             }
         }
 
@@ -382,10 +470,6 @@ impl Session {
             registry.ended = Some(state);
             registry.owners.clear();
             registry.unwanted.clear();
-            registry.checks_since = None;
-            for (_, tx) in registry.checks.drain(..) {
-                let _ = tx.send(Err(LockError::unavailable(format!("the ZooKeeper session ended ({state})"))));
-            }
             registry.held.drain().map(|(_, node)| node).collect()
         };
         tracing::debug!(session = %self.client.session_id(), %state, holds = held.len(), "ZooKeeper session ended");
@@ -428,66 +512,26 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// One batch of renewal checks (and heartbeat reads): multi-reads of the nodes' data,
-/// sent together.
-async fn run_batch(session: Arc<Session>, checks: Vec<(String, Option<Verdict>)>) {
-    let mut paths: Vec<String> = checks.iter().map(|(path, _)| path.clone()).collect();
-    paths.sort_unstable();
-    paths.dedup();
-    let sent = Instant::now();
-    let timeout = session.settings.op_timeout();
-    let requests: Vec<_> = paths
-        .chunks(BATCH_CHUNK)
-        .map(|chunk| {
-            let mut reader = session.client.new_multi_reader();
-            let added: Result<(), zk::Error> = chunk.iter().try_for_each(|path| reader.add_get_data(path));
-            let commit = added.map(|()| reader.commit());
-            async move { commit?.await }
-        })
-        .collect();
-    let outcome = match tokio::time::timeout(timeout, join_all(requests)).await {
-        Ok(results) => results.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| lock_error("renewal check", e)),
-        Err(_) => Err(timed_out("renewal check", timeout)),
-    };
-    let verdicts: Result<HashMap<String, bool>, LockError> = outcome.map(|results| {
-        paths
-            .into_iter()
-            .zip(results.into_iter().flatten())
-            .map(|(path, result)| (path, matches!(result, zk::MultiReadResult::Data { .. })))
-            .collect()
-    });
-    match &verdicts {
-        Ok(exists) => {
-            session.confirm(sent);
-            let gone: Vec<Arc<Node>> = {
-                let registry = session.registry();
-                exists
-                    .iter()
-                    .filter(|(_, exists)| !**exists)
-                    .filter_map(|(path, _)| {
-                        let uuid = znode::uuid_of(path.rsplit('/').next()?)?;
-                        registry.held.get(uuid).filter(|node| node.path == *path).cloned()
-                    })
-                    .collect()
-            };
-            for node in gone {
-                // Deleted underneath us (an operator, or the session ended meanwhile).
-                session.lose(&node, LostReason::Expired);
-            }
-        }
-        Err(err) => tracing::debug!(%err, "renewal checks failed"),
+/// One heartbeat: confirms the session through the leader and notices held nodes that
+/// were deleted underneath their holders.
+async fn run_heartbeat(session: Arc<Session>, paths: Vec<String>) {
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    match session.confirm_nodes(&paths).await {
+        Ok(exists) => session.lose_missing(&paths, &exists),
+        Err(err) => tracing::debug!(%err, "heartbeat failed"),
     }
-    for (path, verdict) in checks {
-        if let Some(tx) = verdict {
-            let answer = match &verdicts {
-                Ok(exists) => Ok(exists.get(&path).copied().unwrap_or(false)),
-                Err(err) => Err(LockError::unavailable(err.to_string())),
-            };
-            let _ = tx.send(answer);
-        }
-    }
-    session.registry().batches -= 1;
+    session.registry().heartbeats -= 1;
     session.kick.notify_one();
+}
+
+/// The guard of a session of this negotiated timeout; see [`Session::guard`].
+pub(crate) fn guard_for(negotiated: Duration) -> Duration {
+    negotiated / 4 + negotiated / 10 + dlock_core::drift(negotiated)
+}
+
+/// The library's connection timeout for a session of this requested timeout.
+fn connection_timeout_for(requested: Duration) -> Duration {
+    requested * 3 / 5
 }
 
 /// Deletes unwanted nodes; what cannot be deleted now is retried later.
