@@ -7,23 +7,19 @@
 //! loses nothing.
 
 use std::io;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
-use tempfile::TempDir;
+use super::{cached, find_program, start_on_free_port, CommandSpec, Kind, Server, ServerProcess};
 
-use super::{cached, find_program, start_on_free_port, wait_for_port, CommandSpec, ServerProcess};
+/// MariaDB as a [`Server`] kind.
+#[derive(Debug)]
+pub struct MariaDb;
+
+impl Kind for MariaDb {}
 
 /// A running MariaDB server with its own data directory.
-#[derive(Debug)]
-pub struct MariaDbServer {
-    process: ServerProcess,
-    addr: SocketAddr,
-    // Dropped after the process (fields drop in order), so the data outlives the server.
-    _dir: TempDir,
-}
+pub type MariaDbServer = Server<MariaDb>;
 
 fn program(name: &str) -> io::Result<PathBuf> {
     find_program(name, &["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/mysql/bin"]).ok_or_else(|| {
@@ -86,7 +82,7 @@ fn template() -> io::Result<PathBuf> {
     })
 }
 
-impl MariaDbServer {
+impl Server<MariaDb> {
     /// Starts a MariaDB server on a free port, with room for `max_connections` sessions.
     pub fn start(max_connections: u32) -> io::Result<Self> {
         let mariadbd = program("mariadbd").or_else(|_| program("mysqld"))?;
@@ -113,36 +109,13 @@ impl MariaDbServer {
             ];
             args.extend(common_args());
             let spec = CommandSpec::new(&mariadbd).args(args).cwd(dir.path());
-            let mut process = ServerProcess::spawn(format!("mariadbd:{port}"), spec, dir.path().join("mariadb.log"))?;
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            wait_for_port(addr, &mut process, Duration::from_secs(30))?;
-            Ok(MariaDbServer { process, addr, _dir: dir })
+            let process = ServerProcess::spawn(format!("mariadbd:{port}"), spec, dir.path().join("mariadb.log"))?;
+            Server::started(MariaDb, process, port, dir)
         })
-    }
-
-    /// The address it listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
     }
 
     /// `mysql://root@127.0.0.1:<port>/dlock`.
     pub fn url(&self) -> String {
-        format!("mysql://root@{}/dlock", self.addr)
-    }
-
-    /// The process, for kill, pause and restart.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// kill -9.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Starts it again on the same port and data, and waits until it listens.
-    pub fn start_again(&mut self) -> io::Result<()> {
-        self.process.start_again()?;
-        wait_for_port(self.addr, &mut self.process, Duration::from_secs(30))
+        format!("mysql://root@{}/dlock", self.addr())
     }
 }

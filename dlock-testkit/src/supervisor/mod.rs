@@ -92,6 +92,81 @@ pub fn start_on_free_port<T>(mut start: impl FnMut(u16) -> io::Result<T>) -> io:
     Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
 }
 
+/// A kind of server: how long it may take to come up, and how to tell that it has.
+pub trait Kind {
+    /// How long a start (or a start again) may take.
+    const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// Waits until the process serves on `addr`; by default, until it accepts connections.
+    fn ready(&self, addr: SocketAddr, process: &mut ServerProcess) -> io::Result<()> {
+        wait_for_port(addr, process, Self::START_TIMEOUT)
+    }
+}
+
+/// A server on a loopback port, in a scratch directory that outlives its process: what
+/// every kind of server shares. `K` holds what is particular to the kind (its start and
+/// its URL live in the kind's module).
+#[derive(Debug)]
+pub struct Server<K> {
+    kind: K,
+    process: ServerProcess,
+    addr: SocketAddr,
+    // Dropped after the process (fields drop in order), so the data outlives the server.
+    _dir: tempfile::TempDir,
+}
+
+impl<K: Kind> Server<K> {
+    /// Waits until the process just spawned serves on `127.0.0.1:port`.
+    pub(crate) fn started(kind: K, mut process: ServerProcess, port: u16, dir: tempfile::TempDir) -> io::Result<Self> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        kind.ready(addr, &mut process)?;
+        Ok(Server { kind, process, addr, _dir: dir })
+    }
+
+    pub(crate) fn kind(&self) -> &K {
+        &self.kind
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The process, for kill, pause and restart.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// The directory it keeps its data and log in.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    /// kill -9, keeping the data.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts it again on the same port and data, and waits until it serves. A killed
+    /// server's children may hold its data for a moment (PostgreSQL's backends do), and
+    /// the new process then gives up at once: the start is retried for a while.
+    pub fn start_again(&mut self) -> io::Result<()> {
+        let deadline = Instant::now() + K::START_TIMEOUT;
+        loop {
+            self.process.start_again()?;
+            match self.kind.ready(self.addr, &mut self.process) {
+                Ok(()) => return Ok(()),
+                Err(err) if Instant::now() < deadline => {
+                    tracing::debug!(%err, "{} did not start again yet; retrying", self.process.name());
+                    self.process.kill();
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}
+
 /// How to start a server process.
 #[derive(Debug, Clone)]
 pub struct CommandSpec {

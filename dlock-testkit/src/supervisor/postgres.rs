@@ -7,14 +7,10 @@
 //! clears), and the data directories are handed to that user.
 
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
-
-use super::{cached, find_program, start_on_free_port, wait_for_port, CommandSpec, ServerProcess};
+use super::{cached, find_program, start_on_free_port, CommandSpec, Kind, Server, ServerProcess};
 
 const BIN_DIRS: &[&str] = &[
     "/usr/lib/postgresql/17/bin",
@@ -25,14 +21,14 @@ const BIN_DIRS: &[&str] = &[
     "/usr/bin",
 ];
 
-/// A running PostgreSQL server with its own data directory.
+/// PostgreSQL as a [`Server`] kind.
 #[derive(Debug)]
-pub struct PostgresServer {
-    process: ServerProcess,
-    addr: SocketAddr,
-    // Dropped after the process (fields drop in order), so the data outlives the server.
-    _dir: TempDir,
-}
+pub struct Postgres;
+
+impl Kind for Postgres {}
+
+/// A running PostgreSQL server with its own data directory.
+pub type PostgresServer = Server<Postgres>;
 
 /// The user to run PostgreSQL as: `postgres` when we are root, nobody else otherwise.
 fn run_as() -> Option<(u32, u32)> {
@@ -107,7 +103,7 @@ fn template() -> io::Result<PathBuf> {
     })
 }
 
-impl PostgresServer {
+impl Server<Postgres> {
     /// Starts a PostgreSQL server on a free port, with small memory settings and room for
     /// `max_connections` sessions.
     pub fn start(max_connections: u32) -> io::Result<Self> {
@@ -153,49 +149,13 @@ impl PostgresServer {
                 args.push(format!("{key}={value}"));
             }
             let spec = CommandSpec::new(&program).args(args).cwd(dir.path());
-            let mut process = ServerProcess::spawn(format!("postgres:{port}"), spec, dir.path().join("postgres.log"))?;
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            wait_for_port(addr, &mut process, Duration::from_secs(30))?;
-            Ok(PostgresServer { process, addr, _dir: dir })
+            let process = ServerProcess::spawn(format!("postgres:{port}"), spec, dir.path().join("postgres.log"))?;
+            Server::started(Postgres, process, port, dir)
         })
-    }
-
-    /// The address it listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@{}/postgres", self.addr)
-    }
-
-    /// The process, for kill, pause and restart.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// kill -9.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Starts it again on the same port and data, and waits until it listens. The
-    /// backends of a killed postmaster take a moment to exit; until they have, a new
-    /// postmaster refuses the data directory, so the start is retried for a while.
-    pub fn start_again(&mut self) -> io::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            self.process.start_again()?;
-            match wait_for_port(self.addr, &mut self.process, Duration::from_secs(30)) {
-                Ok(()) => return Ok(()),
-                Err(err) if Instant::now() < deadline => {
-                    tracing::debug!(%err, "postgres did not start again yet; retrying");
-                    self.process.kill();
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                Err(err) => return Err(err),
-            }
-        }
+        format!("postgres://postgres@{}/postgres", self.addr())
     }
 }

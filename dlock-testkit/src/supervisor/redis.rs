@@ -7,9 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
-
-use super::{find_program, start_on_free_port, wait_for_port, CommandSpec, ServerProcess};
+use super::{find_program, start_on_free_port, wait_for_port, CommandSpec, Kind, Server, ServerProcess};
 
 /// How to run a redis-server.
 #[derive(Debug, Clone, Default)]
@@ -21,16 +19,23 @@ pub struct RedisConfig {
     pub extra_args: Vec<String>,
 }
 
-/// A running redis-server in its own temporary directory.
+/// redis-server as a [`Server`] kind.
 #[derive(Debug)]
-pub struct RedisServer {
-    process: ServerProcess,
-    addr: SocketAddr,
-    // Dropped after the process (fields drop in order), so the data outlives the server.
-    _dir: TempDir,
+pub struct Redis;
+
+impl Kind for Redis {
+    fn ready(&self, addr: SocketAddr, process: &mut ServerProcess) -> io::Result<()> {
+        wait_for_port(addr, process, Self::START_TIMEOUT)?;
+        // Another process may have taken the port first and be the one answering: only
+        // our own log says that this server is listening.
+        wait_until_ready(process, Self::START_TIMEOUT)
+    }
 }
 
-impl RedisServer {
+/// A running redis-server in its own temporary directory.
+pub type RedisServer = Server<Redis>;
+
+impl Server<Redis> {
     /// Starts a redis-server on a free port.
     pub fn start(config: &RedisConfig) -> io::Result<Self> {
         let program = program("redis-server")?;
@@ -55,49 +60,23 @@ impl RedisServer {
             }
             args.extend(config.extra_args.iter().cloned());
             let spec = CommandSpec::new(&program).args(args).cwd(dir.path());
-            let mut process = ServerProcess::spawn(format!("redis-server:{port}"), spec, dir.path().join("redis.log"))?;
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            wait_for_port(addr, &mut process, Duration::from_secs(10))?;
-            // Another process may have taken the port first and be the one answering:
-            // only our own log says that this server is listening.
-            wait_until_ready(&mut process, Duration::from_secs(10))?;
-            Ok(RedisServer { process, addr, _dir: dir })
+            let process = ServerProcess::spawn(format!("redis-server:{port}"), spec, dir.path().join("redis.log"))?;
+            Server::started(Redis, process, port, dir)
         })
-    }
-
-    /// The address it listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
     }
 
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("redis://{}", self.addr)
-    }
-
-    /// The process, for kill, pause and restart.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// kill -9.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Starts it again on the same port and data, and waits until it listens.
-    pub fn start_again(&mut self) -> io::Result<()> {
-        self.process.start_again()?;
-        wait_for_port(self.addr, &mut self.process, Duration::from_secs(10))
+        format!("redis://{}", self.addr())
     }
 
     /// Starts a server that replicates `master`, and waits until the master counts it
     /// among its connected replicas.
     pub fn start_replica_of(master: &RedisServer, config: &RedisConfig) -> io::Result<Self> {
         // The master waits 5 s by default for more replicas before a diskless full sync.
-        cli(master.addr, &["CONFIG", "SET", "repl-diskless-sync-delay", "0"])?;
+        cli(master.addr(), &["CONFIG", "SET", "repl-diskless-sync-delay", "0"])?;
         let mut config = config.clone();
-        config.extra_args.extend(["--replicaof".into(), "127.0.0.1".into(), master.addr.port().to_string()]);
+        config.extra_args.extend(["--replicaof".into(), "127.0.0.1".into(), master.addr().port().to_string()]);
         let replica = RedisServer::start(&config)?;
         // Connected is not enough: for a moment after the initial sync the replica does
         // not acknowledge writes yet. Wait until it acknowledges one.
@@ -105,13 +84,13 @@ impl RedisServer {
             let out = cli_stdin(master.addr, "SET dlock-supervisor:replica-probe 1\nWAIT 1 100\n")?;
             Ok(out.lines().nth(1).is_some_and(|acked| acked.trim() == "1"))
         })?;
-        cli(master.addr, &["DEL", "dlock-supervisor:replica-probe"])?;
+        cli(master.addr(), &["DEL", "dlock-supervisor:replica-probe"])?;
         Ok(replica)
     }
 
     /// Runs a command with redis-cli and returns its output.
     pub fn cli(&self, args: &[&str]) -> io::Result<String> {
-        cli(self.addr, args)
+        cli(self.addr(), args)
     }
 }
 
@@ -193,23 +172,44 @@ fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -> io::Resu
     }
 }
 
-/// Independent redis-servers (no replication, no cluster), as RedLock uses them.
-#[derive(Debug)]
-pub struct RedisMasters {
-    nodes: Vec<RedisServer>,
+/// What a group of redis-servers is for: the URL scheme that names all of them.
+pub trait GroupKind {
+    /// `redlock`, `redis+cluster`.
+    const SCHEME: &'static str;
 }
 
-impl RedisMasters {
-    /// Starts `count` servers with `config`, all at once.
-    pub fn start(count: usize, config: &RedisConfig) -> io::Result<Self> {
-        let started: Vec<io::Result<RedisServer>> = std::thread::scope(|scope| {
-            let starts: Vec<_> = (0..count).map(|_| scope.spawn(|| RedisServer::start(config))).collect();
-            starts
-                .into_iter()
-                .map(|start| start.join().unwrap_or_else(|_| Err(io::Error::other("a server start panicked"))))
-                .collect()
-        });
-        Ok(RedisMasters { nodes: started.into_iter().collect::<io::Result<Vec<_>>>()? })
+/// Independent masters, as RedLock uses them.
+#[derive(Debug)]
+pub struct Masters;
+
+impl GroupKind for Masters {
+    const SCHEME: &'static str = "redlock";
+}
+
+/// The masters of a Redis Cluster.
+#[derive(Debug)]
+pub struct Cluster;
+
+impl GroupKind for Cluster {
+    const SCHEME: &'static str = "redis+cluster";
+}
+
+/// Several redis-servers named by one URL.
+#[derive(Debug)]
+pub struct RedisGroup<G> {
+    nodes: Vec<RedisServer>,
+    _kind: std::marker::PhantomData<G>,
+}
+
+/// Independent redis-servers (no replication, no cluster), as RedLock uses them.
+pub type RedisMasters = RedisGroup<Masters>;
+
+/// A Redis Cluster of masters without replicas, each a [`RedisServer`] on free ports.
+pub type RedisCluster = RedisGroup<Cluster>;
+
+impl<G: GroupKind> RedisGroup<G> {
+    fn of(nodes: Vec<RedisServer>) -> Self {
+        RedisGroup { nodes, _kind: std::marker::PhantomData }
     }
 
     /// The servers.
@@ -227,10 +227,10 @@ impl RedisMasters {
         self.nodes.iter().map(RedisServer::addr).collect()
     }
 
-    /// `redlock://<node>,<node>,...`.
+    /// `<scheme>://<node>,<node>,...`.
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self.addrs().iter().map(SocketAddr::to_string).collect();
-        format!("redlock://{}", nodes.join(","))
+        format!("{}://{}", G::SCHEME, nodes.join(","))
     }
 
     /// kill -9 of server `index`.
@@ -244,13 +244,21 @@ impl RedisMasters {
     }
 }
 
-/// A Redis Cluster of masters without replicas, each a [`RedisServer`] on free ports.
-#[derive(Debug)]
-pub struct RedisCluster {
-    nodes: Vec<RedisServer>,
+impl RedisGroup<Masters> {
+    /// Starts `count` servers with `config`, all at once.
+    pub fn start(count: usize, config: &RedisConfig) -> io::Result<Self> {
+        let started: Vec<io::Result<RedisServer>> = std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..count).map(|_| scope.spawn(|| RedisServer::start(config))).collect();
+            starts
+                .into_iter()
+                .map(|start| start.join().unwrap_or_else(|_| Err(io::Error::other("a server start panicked"))))
+                .collect()
+        });
+        Ok(Self::of(started.into_iter().collect::<io::Result<Vec<_>>>()?))
+    }
 }
 
-impl RedisCluster {
+impl RedisGroup<Cluster> {
     /// Starts `masters` cluster-enabled servers (at least 3, as Redis demands), spreads the
     /// 16384 slots over them with `redis-cli --cluster create`, and waits until every
     /// node reports the cluster as ok.
@@ -260,37 +268,16 @@ impl RedisCluster {
             nodes.push(start_cluster_node()?);
         }
         let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
-        create.extend(nodes.iter().map(|n| n.addr.to_string()));
+        create.extend(nodes.iter().map(|n| n.addr().to_string()));
         create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
         let args: Vec<&str> = create.iter().map(String::as_str).collect();
-        cli(nodes[0].addr, &args)?;
+        cli(nodes[0].addr(), &args)?;
         for node in &nodes {
             wait_until(Duration::from_secs(30), "the cluster state is ok", || {
-                Ok(cli(node.addr, &["CLUSTER", "INFO"])?.contains("cluster_state:ok"))
+                Ok(cli(node.addr(), &["CLUSTER", "INFO"])?.contains("cluster_state:ok"))
             })?;
         }
-        Ok(RedisCluster { nodes })
-    }
-
-    /// The nodes.
-    pub fn nodes(&self) -> &[RedisServer] {
-        &self.nodes
-    }
-
-    /// The nodes, for kill and restart.
-    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
-        &mut self.nodes
-    }
-
-    /// Every node's address.
-    pub fn addrs(&self) -> Vec<SocketAddr> {
-        self.nodes.iter().map(RedisServer::addr).collect()
-    }
-
-    /// `redis+cluster://<node>,<node>,...`.
-    pub fn url(&self) -> String {
-        let nodes: Vec<String> = self.addrs().iter().map(SocketAddr::to_string).collect();
-        format!("redis+cluster://{}", nodes.join(","))
+        Ok(Self::of(nodes))
     }
 }
 
@@ -323,16 +310,18 @@ fn start_cluster_node() -> io::Result<RedisServer> {
     Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
 }
 
-/// A Redis Sentinel monitoring one master, in its own temporary directory.
+/// A Redis Sentinel as a [`Server`] kind: the name of the master it monitors.
 #[derive(Debug)]
-pub struct RedisSentinel {
-    process: ServerProcess,
-    addr: SocketAddr,
+pub struct Sentinel {
     master: String,
-    _dir: TempDir,
 }
 
-impl RedisSentinel {
+impl Kind for Sentinel {}
+
+/// A Redis Sentinel monitoring one master, in its own temporary directory.
+pub type RedisSentinel = Server<Sentinel>;
+
+impl Server<Sentinel> {
     /// Starts a Sentinel that monitors `master` under the name `name`, with a quorum of
     /// one and short timeouts (a master is down after 1 s without answers), and waits
     /// until it answers for the master.
@@ -356,11 +345,9 @@ impl RedisSentinel {
             )?;
             let spec =
                 CommandSpec::new(&program).args([conf.display().to_string(), "--sentinel".into()]).cwd(dir.path());
-            let mut process =
+            let process =
                 ServerProcess::spawn(format!("redis-sentinel:{port}"), spec, dir.path().join("sentinel.log"))?;
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            wait_for_port(addr, &mut process, Duration::from_secs(10))?;
-            let sentinel = RedisSentinel { process, addr, master: name.to_string(), _dir: dir };
+            let sentinel = Server::started(Sentinel { master: name.to_string() }, process, port, dir)?;
             wait_until(Duration::from_secs(10), "the sentinel knows the master", || {
                 Ok(sentinel.master_addr().is_ok_and(|a| a == master))
             })?;
@@ -368,19 +355,14 @@ impl RedisSentinel {
         })
     }
 
-    /// The address it listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// `redis+sentinel://127.0.0.1:<port>/<master name>`.
     pub fn url(&self) -> String {
-        format!("redis+sentinel://{}/{}", self.addr, self.master)
+        format!("redis+sentinel://{}/{}", self.addr(), self.kind().master)
     }
 
     /// The master's address as the Sentinel sees it now.
     pub fn master_addr(&self) -> io::Result<SocketAddr> {
-        let out = cli(self.addr, &["SENTINEL", "get-master-addr-by-name", &self.master])?;
+        let out = cli(self.addr(), &["SENTINEL", "get-master-addr-by-name", &self.kind().master])?;
         let mut lines = out.lines();
         let (Some(ip), Some(port)) = (lines.next(), lines.next()) else {
             return Err(io::Error::other(format!("no master address in {out:?}")));
@@ -391,7 +373,7 @@ impl RedisSentinel {
     /// Waits until the Sentinel knows `replicas` replicas of the master.
     pub fn wait_for_replicas(&self, replicas: usize) -> io::Result<()> {
         wait_until(Duration::from_secs(30), "the sentinel knows the replicas", || {
-            let out = cli(self.addr, &["SENTINEL", "replicas", &self.master])?;
+            let out = cli(self.addr(), &["SENTINEL", "replicas", &self.kind().master])?;
             Ok(out.matches("flags\nslave\n").count() >= replicas)
         })
     }
@@ -399,17 +381,12 @@ impl RedisSentinel {
     /// Forces a failover (`SENTINEL FAILOVER`) and waits until the Sentinel names a
     /// master other than `old`; returns the new master's address.
     pub fn failover(&self, old: SocketAddr) -> io::Result<SocketAddr> {
-        cli(self.addr, &["SENTINEL", "FAILOVER", &self.master])?;
+        cli(self.addr(), &["SENTINEL", "FAILOVER", &self.kind().master])?;
         let mut new = old;
         wait_until(Duration::from_secs(30), "the sentinel promotes a replica", || {
             new = self.master_addr()?;
             Ok(new != old)
         })?;
         Ok(new)
-    }
-
-    /// The process, for kill, pause and restart.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{find_program, free_port, wait_for_port, CommandSpec, ServerProcess};
+use super::{find_program, free_port, wait_for_port, CommandSpec, Kind, Server, ServerProcess};
 
 /// The jar of the ZooKeeper server (its manifest names the other jars it needs).
 const SERVER_JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -192,15 +192,22 @@ fn wait_serving(addr: SocketAddr, process: &mut ServerProcess, timeout: Duration
     }
 }
 
-/// A standalone ZooKeeper server in its own temporary directory.
-pub struct ZooKeeperServer {
-    process: ServerProcess,
-    addr: SocketAddr,
-    // Dropped after the process (fields drop in order), so the data outlives the server.
-    _dir: TempDir,
+/// ZooKeeper as a [`Server`] kind: it serves once it answers `srvr` with a mode.
+#[derive(Debug)]
+pub struct ZooKeeper;
+
+impl Kind for ZooKeeper {
+    const START_TIMEOUT: Duration = START_TIMEOUT;
+
+    fn ready(&self, addr: SocketAddr, process: &mut ServerProcess) -> io::Result<()> {
+        wait_serving(addr, process, Self::START_TIMEOUT).map(drop)
+    }
 }
 
-impl ZooKeeperServer {
+/// A standalone ZooKeeper server in its own temporary directory.
+pub type ZooKeeperServer = Server<ZooKeeper>;
+
+impl Server<ZooKeeper> {
     /// Starts a standalone server with the default [`ZooKeeperConfig`] on a free port.
     pub fn start() -> io::Result<Self> {
         Self::start_with(&ZooKeeperConfig::default())
@@ -212,53 +219,24 @@ impl ZooKeeperServer {
         super::start_on_free_port(|port| {
             let dir = tempfile::Builder::new().prefix("dlock-zk-").tempdir()?;
             let files = write_member_files(dir.path(), 0, port, config, &[])?;
-            let mut process = spawn_member(format!("zookeeper:{port}"), &files, config)?;
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            wait_serving(addr, &mut process, START_TIMEOUT)?;
-            Ok(ZooKeeperServer { process, addr, _dir: dir })
+            let process = spawn_member(format!("zookeeper:{port}"), &files, config)?;
+            Server::started(ZooKeeper, process, port, dir)
         })
-    }
-
-    /// The client address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
     }
 
     /// `127.0.0.1:<port>`, a ZooKeeper connect string.
     pub fn connect_string(&self) -> String {
-        self.addr.to_string()
+        self.addr().to_string()
     }
 
     /// `zk://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("zk://{}", self.addr)
-    }
-
-    /// The process, for pause and resume.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// kill -9, keeping the data directory.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Starts the killed server again on the same port and data, and waits until it serves.
-    pub fn start_again(&mut self) -> io::Result<()> {
-        self.process.start_again()?;
-        wait_serving(self.addr, &mut self.process, START_TIMEOUT).map(drop)
+        format!("zk://{}", self.addr())
     }
 
     /// The server's `mntr` metrics.
     pub fn monitor(&self) -> io::Result<HashMap<String, String>> {
-        monitor(self.addr)
-    }
-}
-
-impl std::fmt::Debug for ZooKeeperServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ZooKeeperServer").field("addr", &self.addr).finish()
+        monitor(self.addr())
     }
 }
 
