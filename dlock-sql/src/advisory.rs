@@ -353,7 +353,7 @@ impl AdvisoryBackend {
             Dialect::MySql => format!("SET SESSION wait_timeout = {}", ms / 1000),
             _ => format!("SET idle_session_timeout = {ms}"),
         };
-        on_session!(conn, c => sqlx::query(AssertSqlSafe(sql)).execute(&mut *c).await.map(drop))?;
+        on_session!(conn, c => sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *c).await.map(drop))?;
         *session.idle_ms.lock().unwrap_or_else(|p| p.into_inner()) = ms;
         Ok(())
     }
@@ -521,14 +521,22 @@ impl Backend for AdvisoryBackend {
         }
     }
 
+    /// A ping on the holding session, which restarts its idle timeout. One ping at a time:
+    /// another renewal while one is on its way (the client sends one beside a renewal
+    /// unanswered for an operation timeout) is refused at once rather than queued behind
+    /// it on the same connection, where it could only come later still; the client tries
+    /// again shortly, and the ping on its way renews the lease when it is answered.
     async fn renew(&self, hold: &AdvisoryHold, ttl: Duration) -> Result<Renewal, LockError> {
         if hold.session.is_closed() {
             return Ok(Renewal::Lost(LostReason::SessionExpired));
         }
-        let mut conn = hold.session.conn.lock().await;
+        let Ok(mut conn) = hold.session.conn.try_lock() else {
+            return Err(LockError::unavailable("a ping on the holding session is still unanswered"));
+        };
         let ping = async {
             self.set_idle_timeout(&hold.session, &mut conn, ttl).await?;
-            on_session!(&mut *conn, c => sqlx::query("SELECT 1").execute(&mut *c).await.map(drop))
+            // The simple protocol: one round trip, no statement to prepare first.
+            on_session!(&mut *conn, c => sqlx::raw_sql(AssertSqlSafe("SELECT 1")).execute(&mut *c).await.map(drop))
         };
         match ping.await {
             Ok(()) => Ok(Renewal::Renewed),
