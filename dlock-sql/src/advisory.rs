@@ -44,7 +44,7 @@ pub type AdvisoryLocker = Client<AdvisoryBackend>;
 /// Connects an advisory-lock client (PostgreSQL or MySQL/MariaDB): `Unavailable` within the
 /// connect timeout when the database cannot be reached; `InvalidInput` for SQLite.
 pub async fn connect_advisory(config: SqlConfig) -> Result<AdvisoryLocker, LockError> {
-    let op_timeout = config.op_timeout;
+    let op_timeout = config.common.op_timeout;
     let backend = AdvisoryBackend::connect(config).await?;
     Ok(Client::with_config(backend, ClientConfig { op_timeout }))
 }
@@ -137,10 +137,10 @@ impl AdvisoryBackend {
             return Err(LockError::InvalidInput("SQLite has no advisory locks".into()));
         }
         let pool = Pool::connect(&config, &Warm::default()).await?;
-        let table = format!("{}_advisory", config.prefix);
+        let table = format!("{}_advisory", config.common.prefix);
         if config.create_table {
             let create = create_sql(config.dialect, &table);
-            let timeout = config.connect_timeout;
+            let timeout = config.common.connect_timeout;
             let work = async {
                 if let Err(err) = pool.run_plain(&create).await {
                     // Another client may have created it at the same moment.
@@ -294,12 +294,15 @@ impl AdvisoryBackend {
         };
         let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad URL: {e}"));
         let unavailable = |e: std::io::Error| LockError::unavailable(format!("cannot reach the database: {e}"));
-        let timeout = config.connect_timeout;
+        let timeout = config.common.connect_timeout;
         let connect = async {
             Ok::<_, LockError>(match config.dialect {
                 #[cfg(feature = "postgres")]
                 Dialect::Postgres => {
-                    let opts = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?;
+                    let mut opts = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?;
+                    if let Some((user, password)) = &config.credentials {
+                        opts = opts.username(user).password(password);
+                    }
                     let relay = relay::start(opts.get_host(), opts.get_port(), timeout).await.map_err(unavailable)?;
                     let conn =
                         sqlx::PgConnection::connect_with(&relayed_pg(opts, &relay.addr)).await.map_err(lock_error)?;
@@ -307,7 +310,10 @@ impl AdvisoryBackend {
                 }
                 #[cfg(feature = "mysql")]
                 Dialect::MySql => {
-                    let opts = sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad)?;
+                    let mut opts = sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad)?;
+                    if let Some((user, password)) = &config.credentials {
+                        opts = opts.username(user).password(password);
+                    }
                     let relay = relay::start(opts.get_host(), opts.get_port(), timeout).await.map_err(unavailable)?;
                     let opts = opts.host("127.0.0.1").port(relay.addr.port()).timezone(Some("+00:00".into()));
                     let conn = sqlx::MySqlConnection::connect_with(&opts).await.map_err(lock_error)?;

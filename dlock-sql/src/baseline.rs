@@ -20,7 +20,7 @@ pub async fn raw_baseline(config: SqlConfig) -> Result<SqlBaseline, LockError> {
     let pool = Pool::connect(&config, &Warm::default()).await?;
     let sql = LeaseSql::new(config.dialect, &config.table());
     if config.create_table {
-        crate::schema::ensure(&pool, &sql, config.connect_timeout).await?;
+        crate::schema::ensure(&pool, &sql, config.common.connect_timeout).await?;
     }
     Ok(SqlBaseline { pool, sql })
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_core::{parse_duration, ConnectOptions, LockError};
+use dlock_core::{parse_duration, ConnectConfig, ConnectOptions, LockError};
 
 /// The SQL dialects this crate speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,37 +61,68 @@ pub(crate) enum Target {
 /// URLs: `postgres://user:pass@host:5432/db`, `mysql://user:pass@host:3306/db` (MariaDB too,
 /// also as `mariadb://`), `sqlite://path/to/file.db` (relative), `sqlite:///abs/file.db`,
 /// `sqlite::memory:`. Query options: the common `connect_timeout`, `op_timeout` and `prefix`
-/// (the lock table is `<prefix>_leases`; letters, digits and `_` only), and
-/// `pool_size` (connections per client, default 10), `create_table` (`true`/`false`,
-/// default `true`: create the tables if missing), `lock` (`lease` or `advisory`),
-/// `busy_timeout` (SQLite: how long a statement waits for the file's write lock,
-/// default the operation timeout). Unknown options are rejected.
+/// (the lock table is `<prefix>_leases`; letters, digits and `_` only; see
+/// [`ConnectConfig`]), and `pool_size` (connections per client, default 10),
+/// `create_table` (`true`/`false`, default `true`: create the tables if missing), `lock`
+/// (`lease` or `advisory`), `busy_timeout` (SQLite: how long a statement waits for the
+/// file's write lock, default the operation timeout). Unknown options are rejected.
 ///
 /// ```
 /// use std::time::Duration;
+/// use dlock_core::ConnectConfig;
 /// use dlock_sql::{Dialect, SqlConfig};
 ///
-/// let config = SqlConfig::from_url("postgres://app@db:5432/shop?prefix=shop&pool_size=4&op_timeout=2s")?;
+/// let config = SqlConfig::from_url("postgres://app@db:5432/shop?prefix=shop&pool_size=4&op_timeout=2s")?
+///     .with_credentials("app", "secret");
 /// assert_eq!(config.dialect(), Dialect::Postgres);
 /// assert_eq!(config.table(), "shop_leases");
-/// assert_eq!(config.get_pool_size(), 4);
-/// assert_eq!(config.get_op_timeout(), Duration::from_secs(2));
+/// assert_eq!(config.pool_size(), 4);
+/// assert_eq!(config.op_timeout(), Duration::from_secs(2));
 ///
-/// let embedded = SqlConfig::from_url("sqlite://locks.db")?.pool_size(2);
+/// let embedded = SqlConfig::from_url("sqlite://locks.db")?.with_pool_size(2);
 /// assert_eq!(embedded.dialect(), Dialect::Sqlite);
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct SqlConfig {
     pub(crate) dialect: Dialect,
     pub(crate) target: Target,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) op_timeout: Duration,
-    pub(crate) prefix: String,
+    pub(crate) common: ConnectOptions,
     pub(crate) pool_size: u32,
     pub(crate) create_table: bool,
     pub(crate) kind: LockKind,
     pub(crate) busy_timeout: Option<Duration>,
+    pub(crate) credentials: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for SqlConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Neither the URL's password nor the credentials' is printed.
+        let target = match &self.target {
+            Target::Server(url) => format!("Server({})", dlock_core::redact(url)),
+            other => format!("{other:?}"),
+        };
+        f.debug_struct("SqlConfig")
+            .field("dialect", &self.dialect)
+            .field("target", &target)
+            .field("common", &self.common)
+            .field("pool_size", &self.pool_size)
+            .field("create_table", &self.create_table)
+            .field("kind", &self.kind)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .finish()
+    }
+}
+
+impl ConnectConfig for SqlConfig {
+    fn common(&self) -> &ConnectOptions {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut ConnectOptions {
+        &mut self.common
+    }
 }
 
 impl SqlConfig {
@@ -102,17 +133,16 @@ impl SqlConfig {
         let (common, rest) = ConnectOptions::from_query(query)?;
         let (dialect, target) = parse_target(base)?;
         let mut config = SqlConfig::new(dialect, target);
-        config.connect_timeout = common.connect_timeout;
-        config.op_timeout = common.op_timeout;
-        config = config.prefix(common.prefix)?;
+        config.common = common;
+        config.check_prefix()?;
         for (key, value) in rest {
             match key.as_str() {
                 "pool_size" => {
                     let size: u32 = value.parse().map_err(|_| bad_option(&key, &value))?;
-                    config = config.pool_size(size);
                     if size == 0 || size > 10_000 {
                         return Err(bad_option(&key, &value));
                     }
+                    config = config.with_pool_size(size);
                 }
                 "create_table" => {
                     config.create_table = match value.as_str() {
@@ -149,73 +179,67 @@ impl SqlConfig {
     }
 
     fn new(dialect: Dialect, target: Target) -> Self {
-        let common = ConnectOptions::default();
         SqlConfig {
             dialect,
             target,
-            connect_timeout: common.connect_timeout,
-            op_timeout: common.op_timeout,
-            prefix: common.prefix,
+            common: ConnectOptions::default(),
             pool_size: 10,
             create_table: true,
             kind: LockKind::Lease,
             busy_timeout: None,
+            credentials: None,
         }
     }
 
-    /// The longest a connection attempt may take before `Unavailable`.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// The longest one lock operation may take before `Unavailable`.
-    pub fn op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
-        self
-    }
-
-    /// The table prefix: the lease table is `<prefix>_leases`. Letters, digits and `_`,
+    /// Checks the table prefix ([`ConnectConfig::with_prefix`]): letters, digits and `_`,
     /// starting with a letter or `_`, at most 40 bytes; anything else is `InvalidInput`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, LockError> {
-        let prefix = prefix.into();
+    /// The URL parser and every connect check it.
+    pub(crate) fn check_prefix(&self) -> Result<(), LockError> {
+        let prefix = &self.common.prefix;
         let valid = !prefix.is_empty()
             && prefix.len() <= 40
             && prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             && !prefix.as_bytes()[0].is_ascii_digit();
-        if !valid {
-            return Err(LockError::InvalidInput(format!(
+        if valid {
+            Ok(())
+        } else {
+            Err(LockError::InvalidInput(format!(
                 "SQL table prefix {prefix:?} must be 1-40 letters, digits or '_', not starting with a digit"
-            )));
+            )))
         }
-        self.prefix = prefix;
-        Ok(self)
     }
 
-    /// Connections in each client's pool (default 10). An advisory client also opens one
-    /// more connection per lock it holds.
-    pub fn pool_size(mut self, size: u32) -> Self {
+    /// Connections in each client's pool (default 10; at least 1). An advisory client also
+    /// opens one more connection per lock it holds.
+    pub fn with_pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self
     }
 
     /// Whether `connect` creates the tables when they are missing (default `true`). Turn it
     /// off when the schema is managed by migrations (see [`crate::schema`]).
-    pub fn create_table(mut self, create: bool) -> Self {
+    pub fn with_create_table(mut self, create: bool) -> Self {
         self.create_table = create;
         self
     }
 
     /// The kind of lock [`crate::connect_any`] makes.
-    pub fn lock_kind(mut self, kind: LockKind) -> Self {
+    pub fn with_lock_kind(mut self, kind: LockKind) -> Self {
         self.kind = kind;
         self
     }
 
     /// SQLite: how long a statement waits for the write lock of the file (default: the
     /// operation timeout).
-    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = Some(timeout);
+        self
+    }
+
+    /// The user name and password to log in with (PostgreSQL, MySQL/MariaDB), in place of
+    /// the URL's. SQLite has no users: a connect with credentials is `InvalidInput`.
+    pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some((user.into(), password.into()));
         self
     }
 
@@ -226,37 +250,33 @@ impl SqlConfig {
 
     /// The lease table's name.
     pub fn table(&self) -> String {
-        format!("{}_leases", self.prefix)
+        format!("{}_leases", self.common.prefix)
     }
 
-    /// The table prefix.
-    pub fn get_prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The pool size.
-    pub fn get_pool_size(&self) -> u32 {
+    /// See [`with_pool_size`](Self::with_pool_size).
+    pub fn pool_size(&self) -> u32 {
         self.pool_size
     }
 
-    /// The operation timeout.
-    pub fn get_op_timeout(&self) -> Duration {
-        self.op_timeout
+    /// See [`with_create_table`](Self::with_create_table).
+    pub fn create_table(&self) -> bool {
+        self.create_table
     }
 
-    /// The connect timeout.
-    pub fn get_connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// The kind of lock the URL asked for.
-    pub fn get_lock_kind(&self) -> LockKind {
+    /// See [`with_lock_kind`](Self::with_lock_kind).
+    pub fn lock_kind(&self) -> LockKind {
         self.kind
     }
 
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    pub(crate) fn get_busy_timeout(&self) -> Duration {
-        self.busy_timeout.unwrap_or(self.op_timeout)
+    /// See [`with_busy_timeout`](Self::with_busy_timeout): the busy timeout SQLite
+    /// statements use.
+    pub fn busy_timeout(&self) -> Duration {
+        self.busy_timeout.unwrap_or(self.common.op_timeout)
+    }
+
+    /// The user name given by [`with_credentials`](Self::with_credentials), if any.
+    pub fn user(&self) -> Option<&str> {
+        self.credentials.as_ref().map(|(user, _)| user.as_str())
     }
 }
 
@@ -309,7 +329,7 @@ mod tests {
     fn parses_postgres_urls() {
         let pg = SqlConfig::from_url("postgresql://u:p@h:5/db?connect_timeout=1s").unwrap();
         assert_eq!(pg.target, Target::Server("postgres://u:p@h:5/db".into()));
-        assert_eq!(pg.connect_timeout, Duration::from_secs(1));
+        assert_eq!(pg.connect_timeout(), Duration::from_secs(1));
     }
 
     #[cfg(feature = "mysql")]

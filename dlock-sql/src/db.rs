@@ -188,13 +188,13 @@ impl Pool {
                 Pool::Sqlite(p) => p.acquire().await.map(drop),
             }
         };
-        match tokio::time::timeout(config.connect_timeout, ping).await {
+        match tokio::time::timeout(config.common.connect_timeout, ping).await {
             Ok(Ok(())) => Ok(pool),
             Ok(Err(err)) => Err(lock_error(err)),
             Err(_) => Err(LockError::unavailable(format!(
                 "{} did not answer within the connect timeout of {:?}",
                 config.dialect.name(),
-                config.connect_timeout
+                config.common.connect_timeout
             ))),
         }
     }
@@ -202,12 +202,13 @@ impl Pool {
     /// A pool of up to `size` connections, opened as needed, each preparing the `warm`
     /// statements (on the servers) as it opens.
     pub(crate) fn connect_lazy(config: &SqlConfig, size: u32, warm: &Warm) -> Result<Pool, LockError> {
+        config.check_prefix()?;
         let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad {} URL: {e}", config.dialect.name()));
         fn options<DB: sqlx::Database>(config: &SqlConfig, size: u32) -> PoolOptions<DB> {
             PoolOptions::<DB>::new()
                 .max_connections(size)
                 .min_connections(0)
-                .acquire_timeout(config.connect_timeout)
+                .acquire_timeout(config.common.connect_timeout)
                 .idle_timeout(Some(Duration::from_secs(300)))
                 .test_before_acquire(false)
         }
@@ -242,18 +243,27 @@ impl Pool {
         Ok(match (&config.target, config.dialect) {
             #[cfg(feature = "postgres")]
             (Target::Server(url), Dialect::Postgres) => {
-                let opts = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?;
+                let mut opts = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?;
+                if let Some((user, password)) = &config.credentials {
+                    opts = opts.username(user).password(password);
+                }
                 Pool::Postgres(prepared(options(config, size), warm).connect_lazy_with(opts))
             }
             #[cfg(feature = "mysql")]
             (Target::Server(url), Dialect::MySql) => {
-                let opts =
+                let mut opts =
                     sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad)?.timezone(Some("+00:00".into()));
+                if let Some((user, password)) = &config.credentials {
+                    opts = opts.username(user).password(password);
+                }
                 Pool::MySql(prepared(options(config, size), warm).connect_lazy_with(opts))
             }
             #[cfg(feature = "sqlite")]
             (target, Dialect::Sqlite) => {
                 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+                if config.credentials.is_some() {
+                    return Err(LockError::InvalidInput("SQLite has no users: drop the credentials".into()));
+                }
                 let base = match target {
                     Target::File(path) => SqliteConnectOptions::new()
                         .filename(path)
@@ -265,7 +275,7 @@ impl Pool {
                 // FULL: a commit is on disk before its statement answers, so a power cut
                 // cannot take back a fence increment a resource may already have seen (in WAL
                 // mode NORMAL may lose the last commits, and tokens would repeat).
-                let opts = base.busy_timeout(config.get_busy_timeout()).synchronous(SqliteSynchronous::Full);
+                let opts = base.busy_timeout(config.busy_timeout()).synchronous(SqliteSynchronous::Full);
                 // One connection for a private in-memory database: they would not share it.
                 let size = if matches!(target, Target::Memory) { 1 } else { size };
                 let _ = warm;

@@ -116,11 +116,11 @@ impl SqlBackend {
             .collect();
         let pool = Pool::connect(&config, &warm).await?;
         if config.create_table {
-            crate::schema::ensure(&pool, &sql, config.connect_timeout).await?;
+            crate::schema::ensure(&pool, &sql, config.common.connect_timeout).await?;
         }
         let batch_renewals = match config.dialect {
             Dialect::MySql => {
-                let version = tokio::time::timeout(config.connect_timeout, pool.version())
+                let version = tokio::time::timeout(config.common.connect_timeout, pool.version())
                     .await
                     .map_err(|_| LockError::unavailable("reading the server version timed out"))??;
                 json_table(&version)
@@ -200,7 +200,7 @@ impl SqlBackend {
     /// caller gives up (or is given up on) first.
     async fn settle(&self, stmt: Stmt, args: OwnedArgs, lasting: Duration) -> Result<bool, LockError> {
         let (first, answer) = tokio::sync::oneshot::channel();
-        let (conn, op_timeout) = (self.shared.conn.clone(), self.shared.conn.config().op_timeout);
+        let (conn, op_timeout) = (self.shared.conn.clone(), self.shared.conn.config().common.op_timeout);
         let until = Instant::now() + lasting;
         tokio::spawn(async move {
             let mut first = Some(first);

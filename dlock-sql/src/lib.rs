@@ -95,7 +95,7 @@ pub type SqlLocker = Client<SqlBackend>;
 /// Connects a lease-table client (see [`SqlConfig`]): `Unavailable` within the connect
 /// timeout when the database cannot be reached.
 pub async fn connect(config: SqlConfig) -> Result<SqlLocker, LockError> {
-    let op_timeout = config.op_timeout;
+    let op_timeout = config.common.op_timeout;
     let backend = SqlBackend::connect(config).await?;
     Ok(Client::with_config(backend, ClientConfig { op_timeout }))
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use dlock_core::{Backoff, LockName, LockOptions, Locker};
+use dlock_core::{Backoff, ConnectConfig, LockName, LockOptions, Locker};
 
 const CHILD_ENV: &str = "DLOCK_SQLITE_CHILD_DIR";
 const PROCESSES: usize = 3;
@@ -53,7 +53,8 @@ async fn child_process() {
     let Some(dir) = std::env::var_os(CHILD_ENV) else { return };
     let dir = Path::new(&dir);
     let url = format!("sqlite://{}", dir.join("locks.db").display());
-    let config = dlock_sql::SqlConfig::from_url(&url).unwrap().op_timeout(Duration::from_secs(5)).pool_size(2);
+    let config =
+        dlock_sql::SqlConfig::from_url(&url).unwrap().with_op_timeout(Duration::from_secs(5)).with_pool_size(2);
     let locker = dlock_sql::connect(config).await.expect("connect");
     let name = LockName::new("shared/counter").unwrap();
     let opts = LockOptions::watchdog(Duration::from_secs(5))

@@ -135,7 +135,7 @@ async fn two_statements(db: Kind) {
     let proxy_addr: SocketAddr = url.split('@').nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
     let (relay, counters) = counting_relay(db, proxy_addr).await;
     let url = url.replacen(&proxy_addr.to_string(), &relay.to_string(), 1);
-    let locker = dlock_sql::connect(common::config(&url).pool_size(POOL_SIZE)).await.expect("connect");
+    let locker = dlock_sql::connect(common::config(&url).with_pool_size(POOL_SIZE)).await.expect("connect");
     let name = LockName::new("statements/uncontended").unwrap();
     let opts = LockOptions::watchdog(Duration::from_secs(30)).wait(Duration::from_secs(5));
     for _ in 0..20 {

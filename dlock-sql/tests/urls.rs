@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_core::{LockError, LockName, LockOptions};
+use dlock_core::{ConnectConfig, LockError, LockName, LockOptions};
 use dlock_sql::SqlConfig;
 
 #[cfg(feature = "sqlite")]
@@ -51,6 +51,28 @@ fn advisory_needs_a_server() {
 #[test]
 fn advisory_is_chosen_by_the_url() {
     let config = SqlConfig::from_url("postgres://u@h/db?lock=advisory&pool_size=3&create_table=false").unwrap();
-    assert_eq!(config.get_lock_kind(), dlock_sql::LockKind::Advisory);
-    assert_eq!(config.get_pool_size(), 3);
+    assert_eq!(config.lock_kind(), dlock_sql::LockKind::Advisory);
+    assert_eq!(config.pool_size(), 3);
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_refuses_credentials_and_bad_prefixes() {
+    let with_credentials = SqlConfig::sqlite_memory().with_credentials("app", "secret");
+    assert!(matches!(dlock_sql::connect(with_credentials).await, Err(LockError::InvalidInput(_))));
+    let bad_prefix = SqlConfig::sqlite_memory().with_prefix("a-b");
+    assert!(matches!(dlock_sql::connect(bad_prefix).await, Err(LockError::InvalidInput(_))));
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn passwords_stay_out_of_debug_output() {
+    let config = SqlConfig::from_url("postgres://u:urlsecret@h/db?op_timeout=3s")
+        .unwrap()
+        .with_credentials("app", "topsecret")
+        .with_connect_timeout(Duration::from_secs(7));
+    assert_eq!((config.op_timeout(), config.connect_timeout()), (Duration::from_secs(3), Duration::from_secs(7)));
+    assert_eq!(config.user(), Some("app"));
+    let shown = format!("{config:?}");
+    assert!(shown.contains("app") && !shown.contains("topsecret") && !shown.contains("urlsecret"), "{shown}");
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
-use dlock_core::{LockError, LockName, Locker};
+use dlock_core::{ConnectConfig, LockError, LockName, Locker};
 use dlock_sql::{Dialect, SqlConfig, SqlLink, SqlLocker};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::mariadb::MariaDbServer;
@@ -196,7 +196,11 @@ impl SqlFixture {
 
 /// The fixtures' client settings: short operation and connect timeouts.
 pub(crate) fn config(url: &str) -> SqlConfig {
-    SqlConfig::from_url(url).expect("url").op_timeout(OP_TIMEOUT).connect_timeout(CONNECT_TIMEOUT).pool_size(10)
+    SqlConfig::from_url(url)
+        .expect("url")
+        .with_op_timeout(OP_TIMEOUT)
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_pool_size(10)
 }
 
 /// `host:port` of a server URL.
@@ -251,7 +255,8 @@ impl Faults for LeaseFixture {
     }
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
-        let config = SqlConfig::from_url(&self.0.unreachable_url())?.op_timeout(timeout).connect_timeout(timeout);
+        let config =
+            SqlConfig::from_url(&self.0.unreachable_url())?.with_op_timeout(timeout).with_connect_timeout(timeout);
         Ok(Arc::new(dlock_sql::connect(config).await?))
     }
 }
@@ -279,7 +284,7 @@ impl Restart for LeaseFixture {
 pub(crate) const ADVISORY_OP_TIMEOUT: Duration = Duration::from_secs(4);
 
 pub(crate) fn advisory_config(url: &str) -> SqlConfig {
-    config(url).op_timeout(ADVISORY_OP_TIMEOUT)
+    config(url).with_op_timeout(ADVISORY_OP_TIMEOUT)
 }
 
 /// The advisory-lock locker on one database.
@@ -323,7 +328,8 @@ impl Faults for AdvisoryFixture {
     }
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
-        let config = SqlConfig::from_url(&self.0.unreachable_url())?.op_timeout(timeout).connect_timeout(timeout);
+        let config =
+            SqlConfig::from_url(&self.0.unreachable_url())?.with_op_timeout(timeout).with_connect_timeout(timeout);
         Ok(Arc::new(dlock_sql::connect_advisory(config).await?))
     }
 }
