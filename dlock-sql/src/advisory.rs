@@ -17,7 +17,9 @@
 //! The same row's `fence` counter gives the fencing token: it is raised by the statement
 //! that takes the lock, on the holding session, so tokens increase in grant order and
 //! survive restarts. Not re-entrant (one session per hold), not fair, no notification
-//! (waiters poll with backoff).
+//! (waiters poll with backoff), no `extend` (see [`AdvisoryBackend`]'s capabilities: an
+//! extension is a statement on the holding session, and one whose reply is lost breaks the
+//! session and frees the lock).
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -464,7 +466,11 @@ impl Backend for AdvisoryBackend {
             notify: false,
             ttl: true,
             fixed: true,
-            extend: true,
+            // Extending changes the session's idle timeout, a statement on the holding
+            // session. A session whose reply is lost is a broken connection, and the server
+            // ends it and frees the lock: an extension whose reply was lost would revoke the
+            // hold it meant to lengthen. Watchdog renewals keep the ttl they started with.
+            extend: false,
             queue_length: false,
         }
     }
