@@ -52,7 +52,7 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
         renew_batch: Stmt::new(
             format!(
                 "UPDATE {t} AS l SET expires_us = GREATEST(l.expires_us, {NOW} + d.t + {CLOCK_SLACK_US}) \
-                 FROM jsonb_to_recordset($1::jsonb) AS d(n text, o text, f bigint, t bigint) \
+                 FROM jsonb_to_recordset($1::text::jsonb) AS d(n text, o text, f bigint, t bigint) \
                  WHERE l.name = d.n COLLATE \"C\" AND l.owner = d.o COLLATE \"C\" AND l.fence = d.f \
                  AND l.expires_us > {NOW} RETURNING l.name, l.fence"
             ),
