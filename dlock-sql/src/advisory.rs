@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
+use dlock_core::backend::{lock_unpoisoned, Attempt, Backend, LostSignal, Release, Renewal, Request};
 use dlock_core::{
     Capabilities, Client, ClientConfig, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId,
 };
@@ -178,7 +178,7 @@ impl AdvisoryBackend {
     /// rarely waits for a new connection (on PostgreSQL, a new server process).
     fn warm_spare(&self) {
         use std::sync::atomic::Ordering;
-        let empty = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        let empty = lock_unpoisoned(&self.shared.idle).is_empty();
         if !empty || self.shared.warming.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -244,7 +244,7 @@ impl AdvisoryBackend {
 
     /// The id of `name`'s row, creating the row on first use.
     async fn id(&self, pool: &Pool, name: &LockName) -> Result<i32, LockError> {
-        if let Some(id) = self.shared.ids.lock().unwrap_or_else(|p| p.into_inner()).get(name.as_str()) {
+        if let Some(id) = lock_unpoisoned(&self.shared.ids).get(name.as_str()) {
             return Ok(*id);
         }
         let table = &self.shared.table;
@@ -267,14 +267,14 @@ impl AdvisoryBackend {
             _ => return Err(LockError::InvalidInput("advisory locks need PostgreSQL or MySQL".into())),
         };
         let id = i32::try_from(id).map_err(|_| LockError::backend("the advisory table ran out of 31-bit ids"))?;
-        self.shared.ids.lock().unwrap_or_else(|p| p.into_inner()).insert(name.as_str().to_string(), id);
+        lock_unpoisoned(&self.shared.ids).insert(name.as_str().to_string(), id);
         Ok(id)
     }
 
     /// An idle session, if there is one.
     fn idle_session(&self) -> Option<Arc<Session>> {
         loop {
-            let idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let idle = lock_unpoisoned(&self.shared.idle).pop();
             match idle {
                 Some(session) if !session.is_closed() => {
                     self.warm_spare();
@@ -336,7 +336,7 @@ impl AdvisoryBackend {
         if session.is_closed() {
             return;
         }
-        let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = lock_unpoisoned(&self.shared.idle);
         if idle.len() < self.shared.conn.config().pool_size as usize {
             idle.push(session);
         }
@@ -354,7 +354,7 @@ impl AdvisoryBackend {
             _ => ttl.as_nanos().div_ceil(1_000_000) as u64,
         }
         .max(1);
-        if *session.idle_ms.lock().unwrap_or_else(|p| p.into_inner()) == ms {
+        if *lock_unpoisoned(&session.idle_ms) == ms {
             return Ok(());
         }
         let sql = match self.shared.dialect {
@@ -362,7 +362,7 @@ impl AdvisoryBackend {
             _ => format!("SET idle_session_timeout = {ms}"),
         };
         on_session!(conn, c => sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *c).await.map(drop))?;
-        *session.idle_ms.lock().unwrap_or_else(|p| p.into_inner()) = ms;
+        *lock_unpoisoned(&session.idle_ms) = ms;
         Ok(())
     }
 
@@ -395,6 +395,13 @@ impl AdvisoryBackend {
                 Ok(Some(done.last_insert_id() as i64))
             }
         }
+    }
+
+    /// Sets the session's idle timeout to the request's ttl and tries the lock on it.
+    async fn lock_on(&self, session: &Session, id: i32, req: &Request) -> Result<Option<i64>, sqlx::Error> {
+        let mut conn = session.conn.lock().await;
+        self.set_idle_timeout(session, &mut conn, req.ttl()).await?;
+        self.try_lock(&mut conn, id, req.owner.as_str()).await
     }
 
     async fn unlock(&self, conn: &mut SessionConn, id: i32) -> Result<bool, sqlx::Error> {
@@ -497,13 +504,21 @@ impl Backend for AdvisoryBackend {
                 None => self.open_session().await?,
             },
         };
-        let granted = {
-            let mut conn = session.conn.lock().await;
-            let work = async {
-                self.set_idle_timeout(&session, &mut conn, req.ttl()).await?;
-                self.try_lock(&mut conn, id, req.owner.as_str()).await
-            };
-            work.await.map_err(lock_error)?
+        let (session, granted) = match self.lock_on(&session, id, req).await {
+            Ok(granted) => (session, granted),
+            // A session kept idle may have been ended by the server meanwhile (its idle
+            // timeout is the last hold's ttl). The lock was not taken on it, and the lock
+            // may well be free: try a fresh session rather than fail.
+            Err(err) if session_gone(&err) || session.is_closed() => {
+                drop(session);
+                if req.blocking {
+                    return Ok(Attempt::Busy { retry_after: Some(Duration::ZERO) });
+                }
+                let session = self.open_session().await?;
+                let granted = self.lock_on(&session, id, req).await.map_err(lock_error)?;
+                (session, granted)
+            }
+            Err(err) => return Err(lock_error(err)),
         };
         match granted {
             Some(fence) => {
@@ -545,6 +560,13 @@ impl Backend for AdvisoryBackend {
         let Ok(mut conn) = hold.session.conn.try_lock() else {
             return Err(LockError::unavailable("a ping on the holding session is still unanswered"));
         };
+        // A renewal that comes after the release (queued, or late) must not touch the
+        // session: it may hold another lock by now, with another ttl as its idle timeout.
+        // The release marks the hold before it takes the session, so checking under the
+        // session's lock is enough.
+        if *hold.released.borrow() {
+            return Ok(Renewal::Lost(LostReason::Expired));
+        }
         let ping = async {
             self.set_idle_timeout(&hold.session, &mut conn, ttl).await?;
             // The simple protocol: one round trip, no statement to prepare first.

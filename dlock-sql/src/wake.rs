@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dlock_core::backend::lock_unpoisoned;
 use dlock_core::LockError;
 use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, OnceCell};
@@ -48,7 +49,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut subs = self.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut subs = lock_unpoisoned(&self.subscribers);
         if let Some(list) = subs.get_mut(&self.name) {
             list.retain(|(id, _)| *id != self.id);
             if list.is_empty() {
@@ -68,12 +69,7 @@ impl Waker {
         self.started.get_or_try_init(|| self.start(pool)).await?;
         let notify = Arc::new(Notify::new());
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.subscribers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(name.to_string())
-            .or_default()
-            .push((id, notify.clone()));
+        lock_unpoisoned(&self.subscribers).entry(name.to_string()).or_default().push((id, notify.clone()));
         Ok(Subscription { id, name: name.to_string(), notify, subscribers: self.subscribers.clone() })
     }
 
@@ -110,7 +106,7 @@ impl Waker {
 }
 
 fn wake(subscribers: &Subscribers, name: Option<&str>) {
-    let subs = subscribers.lock().unwrap_or_else(|p| p.into_inner());
+    let subs = lock_unpoisoned(subscribers);
     match name {
         Some(name) => subs.get(name).into_iter().flatten().for_each(|(_, n)| n.notify_one()),
         None => subs.values().flatten().for_each(|(_, n)| n.notify_one()),
