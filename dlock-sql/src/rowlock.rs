@@ -11,6 +11,12 @@
 //! | MySQL 8 / MariaDB | `SELECT … FOR UPDATE [NOWAIT]` | `innodb_lock_wait_timeout` (whole seconds, rounded up; reset afterwards) |
 //! | SQLite | `BEGIN IMMEDIATE` (the whole file's write lock: SQLite has no row locks) | `PRAGMA busy_timeout` (reset afterwards) |
 //!
+//! The wait bound also applies to the statements of your work (it is set for the
+//! transaction on PostgreSQL, for the session on MySQL and SQLite). A session setting is
+//! put back to the session's previous value when the work ends; a connection whose setting
+//! could not be put back (an error, or `run` cancelled midway) is closed instead of going
+//! back to the pool.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use dlock_sql::{RowLock, SqlError};
@@ -196,24 +202,30 @@ impl RowLock {
         T: Send,
     {
         let dialect = DB::DIALECT;
-        let mut conn = pool.acquire().await?;
+        let mut conn = Setting { conn: pool.acquire().await?, changed: false };
         let (set_wait, mut reset_wait) = wait_sql(dialect, self.wait);
-        if dialect == Dialect::Sqlite {
-            // Put back the pool's own busy timeout afterwards.
-            let previous: i64 = sqlx::query_scalar::<DB, i64>(AssertSqlSafe("PRAGMA busy_timeout".to_string()))
-                .fetch_one(&mut *conn)
-                .await?;
-            reset_wait = Some(format!("PRAGMA busy_timeout = {previous}"));
+        // Put back the session's own value afterwards, not the server's default.
+        let current = match dialect {
+            Dialect::Sqlite => Some(("PRAGMA busy_timeout", "PRAGMA busy_timeout")),
+            Dialect::MySql if set_wait.is_some() => Some((
+                "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)",
+                "SET SESSION innodb_lock_wait_timeout =",
+            )),
+            _ => None,
+        };
+        if let Some((read, reset)) = current {
+            let previous: i64 =
+                sqlx::query_scalar::<DB, i64>(AssertSqlSafe(read.to_string())).fetch_one(&mut *conn.conn).await?;
+            reset_wait = Some(format!("{reset} {previous}"));
         }
         if let Some(sql) = &set_wait {
-            sqlx::query::<DB>(AssertSqlSafe(sql.clone())).execute(&mut *conn).await?;
+            conn.changed = true;
+            sqlx::query::<DB>(AssertSqlSafe(sql.clone())).execute(&mut *conn.conn).await?;
         }
-        let outcome = self.locked(&mut conn, key, work).await;
+        let outcome = self.locked(&mut conn.conn, key, work).await;
         if let Some(sql) = reset_wait {
-            // A connection whose session setting could not be reset must not go back to
-            // the pool with it.
-            if sqlx::query::<DB>(AssertSqlSafe(sql)).execute(&mut *conn).await.is_err() {
-                conn.close_on_drop();
+            if sqlx::query::<DB>(AssertSqlSafe(sql)).execute(&mut *conn.conn).await.is_ok() {
+                conn.changed = false;
             }
         }
         outcome
@@ -260,15 +272,29 @@ impl RowLock {
     }
 }
 
+/// A pooled connection whose session setting may differ from the pool's: unless the
+/// setting was put back, the connection is closed rather than returned to the pool, also
+/// when the future running it is dropped between the two (a cancelled `run`).
+struct Setting<DB: sqlx::Database> {
+    conn: sqlx::pool::PoolConnection<DB>,
+    changed: bool,
+}
+
+impl<DB: sqlx::Database> Drop for Setting<DB> {
+    fn drop(&mut self) {
+        if self.changed {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 /// The session statements that set and reset the wait bound, where it is session-wide.
 fn wait_sql(dialect: Dialect, wait: RowWait) -> (Option<String>, Option<String>) {
     match (dialect, wait) {
         (Dialect::MySql, RowWait::Bounded(bound)) => {
             let secs = bound.as_nanos().div_ceil(1_000_000_000).clamp(1, 1_073_741_824);
-            (
-                Some(format!("SET SESSION innodb_lock_wait_timeout = {secs}")),
-                Some("SET SESSION innodb_lock_wait_timeout = DEFAULT".into()),
-            )
+            // Reset to the session's previous value, read by `run`.
+            (Some(format!("SET SESSION innodb_lock_wait_timeout = {secs}")), None)
         }
         (Dialect::Sqlite, wait) => {
             let ms = match wait {
