@@ -12,7 +12,7 @@ use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
 use crate::config::{Dialect, SqlConfig, Target};
 use crate::dialect::{Param, Reply, Stmt};
-use crate::error::{is_rolled_back, lock_error};
+use crate::error::{is_lock_contention, is_rolled_back, lock_error};
 
 /// How many times a statement rolled back by a deadlock or serialization failure is sent
 /// again before its error is returned.
@@ -179,13 +179,24 @@ impl Pool {
     pub(crate) async fn connect(config: &SqlConfig, warm: &Warm) -> Result<Pool, LockError> {
         let pool = Self::connect_lazy(config, config.pool_size, warm)?;
         let ping = async {
-            match &pool {
-                #[cfg(feature = "postgres")]
-                Pool::Postgres(p) => p.acquire().await.map(drop),
-                #[cfg(feature = "mysql")]
-                Pool::MySql(p) => p.acquire().await.map(drop),
-                #[cfg(feature = "sqlite")]
-                Pool::Sqlite(p) => p.acquire().await.map(drop),
+            loop {
+                let opened = match &pool {
+                    #[cfg(feature = "postgres")]
+                    Pool::Postgres(p) => p.acquire().await.map(drop),
+                    #[cfg(feature = "mysql")]
+                    Pool::MySql(p) => p.acquire().await.map(drop),
+                    #[cfg(feature = "sqlite")]
+                    Pool::Sqlite(p) => p.acquire().await.map(drop),
+                };
+                match opened {
+                    // SQLite may answer "busy" at once, without waiting out its busy
+                    // timeout, while other processes open the same new file (switching it
+                    // to WAL): try again, within the connect timeout.
+                    Err(err) if is_lock_contention(&err) => {
+                        tokio::time::sleep(Duration::from_millis(fastrand::u64(5..=50))).await;
+                    }
+                    other => return other,
+                }
             }
         };
         match tokio::time::timeout(config.common.connect_timeout, ping).await {
@@ -346,6 +357,15 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// Whether this is an SQLite pool.
+    pub(crate) fn is_sqlite(&self) -> bool {
+        #[cfg(feature = "sqlite")]
+        if let Pool::Sqlite(_) = self {
+            return true;
+        }
+        false
     }
 
     /// The server's `VERSION()`.

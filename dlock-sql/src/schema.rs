@@ -14,25 +14,38 @@ use crate::error::lock_error;
 /// while the table is nonetheless usable afterwards is not an error.
 pub(crate) async fn ensure(pool: &Pool, sql: &LeaseSql, timeout: Duration) -> Result<(), LockError> {
     let work = async {
-        for ddl in &sql.create {
-            if let Err(err) = pool.run_plain(ddl).await {
-                if pool.run(&sql.inspect, Args::name("dlock-schema-probe")).await.is_err() {
-                    return Err(lock_error(err));
+        loop {
+            match create(pool, sql).await {
+                // SQLite may answer "busy" at once while other processes create the same
+                // tables: the statements are idempotent, run them again.
+                Err(err) if err.is_transient() && pool.is_sqlite() => {
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(5..=50))).await;
                 }
+                other => return other,
             }
         }
-        for (probe, upgrade) in &sql.upgrade {
-            if pool.run_plain(probe).await.is_err() {
-                if let Err(err) = pool.run_plain(upgrade).await {
-                    if pool.run_plain(probe).await.is_err() {
-                        return Err(lock_error(err));
-                    }
-                }
-            }
-        }
-        Ok(())
     };
     tokio::time::timeout(timeout, work)
         .await
         .unwrap_or_else(|_| Err(LockError::unavailable(format!("creating the lock tables took over {timeout:?}"))))
+}
+
+async fn create(pool: &Pool, sql: &LeaseSql) -> Result<(), LockError> {
+    for ddl in &sql.create {
+        if let Err(err) = pool.run_plain(ddl).await {
+            if pool.run(&sql.inspect, Args::name("dlock-schema-probe")).await.is_err() {
+                return Err(lock_error(err));
+            }
+        }
+    }
+    for (probe, upgrade) in &sql.upgrade {
+        if pool.run_plain(probe).await.is_err() {
+            if let Err(err) = pool.run_plain(upgrade).await {
+                if pool.run_plain(probe).await.is_err() {
+                    return Err(lock_error(err));
+                }
+            }
+        }
+    }
+    Ok(())
 }
