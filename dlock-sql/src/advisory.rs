@@ -12,7 +12,7 @@
 //! session that went quiet no sooner than a ttl after its last renewal, after the holder's
 //! own validity ran out; a `Fixed` lease is simply never pinged.
 //!
-//! Lock keys never collide: each name gets a row (and an id) in `<prefix>_advisory`; the
+//! Lock keys never collide within a database: each name gets a row (and an id) in `<prefix>_advisory`; the
 //! PostgreSQL key is `(hash of the table name, id)`, the MySQL lock name `<table>:<id>`.
 //! The same row's `fence` counter gives the fencing token: it is raised by the statement
 //! that takes the lock, on the holding session, so tokens increase in grant order and
@@ -20,6 +20,13 @@
 //! (waiters poll with backoff), no `extend` (see [`AdvisoryBackend`]'s capabilities: an
 //! extension is a statement on the holding session, and one whose reply is lost breaks the
 //! session and frees the lock).
+//!
+//! Limits: the idle timeout needs PostgreSQL 14 or later (`idle_session_timeout`, at most
+//! about 24.8 days of ttl); MySQL's `GET_LOCK` names are server-wide, so two databases on
+//! one server that use the same table prefix share their advisory locks (give them
+//! different prefixes); neither works through a transaction-pooling proxy (PgBouncer in
+//! transaction mode, ProxySQL), nor with Galera or group replication, which do not
+//! replicate `GET_LOCK`.
 
 use std::collections::HashMap;
 use std::str::FromStr;

@@ -12,9 +12,12 @@
 //!   granting statement was sent) has ended. Acquire, renew and release are **one statement
 //!   each** (an `INSERT … ON CONFLICT DO UPDATE … RETURNING` on PostgreSQL and SQLite, an
 //!   `INSERT … ON DUPLICATE KEY UPDATE` answering through `LAST_INSERT_ID` on MySQL), on
-//!   pooled connections: an uncontended acquire+release is 2 statements. Renewals sent while
-//!   another is in flight are batched into one statement. Release and renew are checked
-//!   against owner and token in the statement. Waiters are woken by `LISTEN/NOTIFY` on
+//!   pooled connections: an uncontended acquire+release is 2 statements. The renewals that fall
+//!   due together are one statement (`Backend::renew_many`; on MariaDB before 10.6, which
+//!   lacks `JSON_TABLE`, one statement each). Release and renew are checked against owner
+//!   and token in the statement. Each grant records its request id, so that a release sent
+//!   twice (its reply lost) takes back one hold, and an acquire whose reply was lost is
+//!   given back exactly (never another grant of the same owner). Waiters are woken by `LISTEN/NOTIFY` on
 //!   PostgreSQL (the release sends `pg_notify` at commit); on MySQL and SQLite they poll with
 //!   jittered backoff, never later than the holder's remaining ttl.
 //! - [`AdvisoryLocker`] (`lock=advisory`): PostgreSQL `pg_try_advisory_lock` or MySQL

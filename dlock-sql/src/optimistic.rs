@@ -3,6 +3,12 @@
 //! means someone else wrote first: [`SqlError::Conflict`], retried by [`retry`] with a
 //! jittered backoff until the policy's attempts run out.
 //!
+//! Zero rows also results when the row does not exist; read it in each attempt (as below),
+//! and the read reports a missing row as [`SqlError::NotFound`], which is not retried. Run
+//! the attempts in autocommit, not inside one explicit transaction: under REPEATABLE READ
+//! (MySQL's default) every re-read would see the same snapshot, and no attempt could
+//! succeed.
+//!
 //! ```no_run
 //! use dlock_sql::{optimistic::{self, RetryPolicy, VersionedTable}, Dialect, SqlError};
 //!
