@@ -11,9 +11,11 @@ use redis::Value;
 use crate::config::ReplicaAck;
 use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
-use crate::keys::{owner_field, KeyLayout, LockKeys};
+use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::{Registration, Subscriptions};
-use crate::scripts::{parse_release, scripts, ttl_millis, AcquireReply, HoldView, Invocation, RenewReply};
+use crate::scripts::{
+    parse_given_back, scripts, ttl_millis, AcquireReply, HoldView, Invocation, ReleaseReply, RenewReply,
+};
 
 /// What this backend can do: everything but FIFO grants and queue lengths (waiters are
 /// not queued in Redis; each retries when woken).
@@ -42,12 +44,13 @@ impl std::fmt::Debug for RedisBackend {
     }
 }
 
-/// A granted hold: the lock's keys, the owner and the token, which renewals and the
-/// release check on the server.
+/// A granted hold: the lock's keys, the owner, the grant (named after the request that
+/// made it) and the token, which renewals and the release check on the server.
 #[derive(Debug, Clone)]
 pub struct RedisHold {
     keys: LockKeys,
     owner_field: String,
+    grant_field: String,
     token: u64,
 }
 
@@ -96,8 +99,8 @@ impl RedisBackend {
 
     /// One acquire script call, with the replica acknowledgement if configured: a grant
     /// too few replicas acknowledged is given back and fails.
-    async fn acquire_once(&self, keys: &LockKeys, owner_field: &str, ttl_ms: u64) -> Result<AcquireReply, LockError> {
-        let call = acquire_call(keys, owner_field, ttl_ms);
+    async fn acquire_once(&self, req: &Request, keys: &LockKeys, ttl_ms: u64) -> Result<AcquireReply, LockError> {
+        let call = acquire_call(keys, &owner_field(&req.owner), &grant_field(&req.id), &keys.void(&req.id), ttl_ms);
         let mut conn = self.conn.clone();
         let Some(ack) = self.replica_ack else {
             return AcquireReply::parse(call.run(&mut conn).await.map_err(to_lock_error)?).map_err(to_lock_error);
@@ -106,8 +109,8 @@ impl RedisBackend {
         let reply = AcquireReply::parse(reply).map_err(to_lock_error)?;
         if let AcquireReply::Granted(token) = reply {
             if acked < ack.replicas {
-                let hold = RedisHold { keys: keys.clone(), owner_field: owner_field.to_string(), token };
-                if let Err(err) = self.release(&hold).await {
+                let _ = token;
+                if let Err(err) = self.give_back_grant(req, keys).await {
                     tracing::debug!(%err, "giving back a grant the replicas did not acknowledge failed; its ttl frees it");
                 }
                 self.conn.suspect_failover();
@@ -118,23 +121,55 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// Gives back the grant `req` may have made (and only it), and refuses a late delivery
+    /// of it. Whether there was a grant to give back.
+    async fn give_back_grant(&self, req: &Request, keys: &LockKeys) -> Result<bool, LockError> {
+        let reply = give_back_call(keys, req).run(&mut self.conn.clone()).await.map_err(to_lock_error)?;
+        parse_given_back(reply).map_err(to_lock_error)
+    }
+}
+
 fn not_acknowledged(acked: u32, ack: ReplicaAck) -> LockError {
     LockError::QuorumNotReached { got: acked as usize, needed: ack.replicas as usize }
 }
 
-/// The acquire script call for one owner.
-pub(crate) fn acquire_call(keys: &LockKeys, owner_field: &str, ttl_ms: u64) -> Invocation {
-    Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence]).arg(owner_field).arg(ttl_ms)
+/// The acquire script call of one request: its owner, its grant field and its marker key.
+pub(crate) fn acquire_call(
+    keys: &LockKeys,
+    owner_field: &str,
+    grant_field: &str,
+    void: &str,
+    ttl_ms: u64,
+) -> Invocation {
+    Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, void]).arg(owner_field).arg(ttl_ms).arg(grant_field)
 }
 
-/// The renew script call for one hold.
-pub(crate) fn renew_call(keys: &LockKeys, owner_field: &str, token: u64, ttl_ms: u64) -> Invocation {
-    Invocation::new(&scripts().renew, &[&keys.hold]).arg(owner_field).arg(token).arg(ttl_ms)
+/// The renew script call for one grant.
+pub(crate) fn renew_call(keys: &LockKeys, owner_field: &str, grant_field: &str, token: u64, ttl_ms: u64) -> Invocation {
+    Invocation::new(&scripts().renew, &[&keys.hold])
+        .arg(owner_field)
+        .arg(token.to_string())
+        .arg(ttl_ms)
+        .arg(grant_field)
 }
 
-/// The release script call for one hold.
-pub(crate) fn release_call(keys: &LockKeys, owner_field: &str, token: u64) -> Invocation {
-    Invocation::new(&scripts().release, &[&keys.hold]).arg(owner_field).arg(token).arg(&keys.channel)
+/// The release script call for one grant.
+pub(crate) fn release_call(keys: &LockKeys, owner_field: &str, grant_field: &str, token: u64) -> Invocation {
+    Invocation::new(&scripts().release, &[&keys.hold])
+        .arg(owner_field)
+        .arg(token.to_string())
+        .arg(&keys.channel)
+        .arg(grant_field)
+}
+
+/// The give-back script call for whatever grant request `req` may have made on `keys`.
+pub(crate) fn give_back_call(keys: &LockKeys, req: &Request) -> Invocation {
+    Invocation::new(&scripts().give_back, &[&keys.hold, &keys.void(&req.id)])
+        .arg(owner_field(&req.owner))
+        .arg(grant_field(&req.id))
+        .arg(&keys.channel)
+        .arg(ttl_millis(req.ttl()).max(1))
 }
 
 #[async_trait]
@@ -152,18 +187,22 @@ impl Backend for RedisBackend {
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<Registration>) -> Result<Attempt<RedisHold>, LockError> {
         let keys = self.layout.lock(&req.name);
-        let owner = owner_field(&req.owner);
         let ttl_ms = ttl_millis(req.ttl());
-        let mut reply = self.acquire_once(&keys, &owner, ttl_ms).await?;
+        let mut reply = self.acquire_once(req, &keys, ttl_ms).await?;
         if matches!(reply, AcquireReply::Busy(_)) && req.blocking && ticket.is_none() {
             // Subscribe, then look again: a release between the first look and the
             // subscription would otherwise go unnoticed until the holder's ttl.
             *ticket = Some(self.subscriptions.subscribe(&keys.channel).await);
-            reply = self.acquire_once(&keys, &owner, ttl_ms).await?;
+            reply = self.acquire_once(req, &keys, ttl_ms).await?;
         }
         Ok(match reply {
             AcquireReply::Granted(token) => Attempt::Granted {
-                hold: RedisHold { keys, owner_field: owner, token },
+                hold: RedisHold {
+                    keys,
+                    owner_field: owner_field(&req.owner),
+                    grant_field: grant_field(&req.id),
+                    token,
+                },
                 token: FencingToken::new(token),
             },
             // A millisecond more, so that the hold has surely expired when we look again.
@@ -187,7 +226,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew(&self, hold: &RedisHold, ttl: Duration) -> Result<Renewal, LockError> {
-        let call = renew_call(&hold.keys, &hold.owner_field, hold.token, ttl_millis(ttl));
+        let call = renew_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token, ttl_millis(ttl));
         let mut conn = self.conn.clone();
         let (reply, acked) = match self.replica_ack {
             None => (call.run(&mut conn).await.map_err(to_lock_error)?, None),
@@ -212,9 +251,24 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, hold: &RedisHold) -> Result<Release, LockError> {
-        let call = release_call(&hold.keys, &hold.owner_field, hold.token);
-        let reply = call.run(&mut self.conn.clone()).await.map_err(to_lock_error)?;
-        Ok(if parse_release(reply).map_err(to_lock_error)? { Release::Released } else { Release::NotHeld })
+        let call = release_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token);
+        let (reply, sent_twice) = call.run_again_if_broken(&mut self.conn.clone()).await.map_err(to_lock_error)?;
+        let released = ReleaseReply::parse(reply).map_err(to_lock_error)?.released(sent_twice);
+        Ok(if released { Release::Released } else { Release::NotHeld })
+    }
+
+    async fn give_back(&self, req: &Request, ticket: Option<Registration>) {
+        drop(ticket);
+        let keys = self.layout.lock(&req.name);
+        match self.give_back_grant(req, &keys).await {
+            Ok(true) => {
+                tracing::debug!(lock = %keys.hold, request = %req.id, "gave back the grant of an attempt whose reply was lost")
+            }
+            Ok(false) => {}
+            Err(err) => {
+                tracing::debug!(%err, lock = %keys.hold, "giving back an attempt whose reply was lost failed; its ttl frees it")
+            }
+        }
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {

@@ -15,6 +15,9 @@ use crate::scripts::{ttl_millis, AcquireReply, Invocation};
 /// The owner field every baseline call uses.
 const OWNER_FIELD: &str = "owner:raw-baseline";
 
+/// The grant field every baseline call uses.
+const GRANT_FIELD: &str = "grant:raw-baseline";
+
 /// The Redis raw baseline (see [`raw_baseline`](crate::raw_baseline)).
 pub struct RedisBaseline {
     conn: RedisConnection,
@@ -47,15 +50,18 @@ impl RedisBaseline {
 impl RawBaseline for RedisBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        let reply = self.send(&acquire_call(&keys, OWNER_FIELD, ttl_millis(DEFAULT_TTL))).await?;
+        let void = format!("{}:void:raw-baseline", keys.hold);
+        let reply = self.send(&acquire_call(&keys, OWNER_FIELD, GRANT_FIELD, &void, ttl_millis(DEFAULT_TTL))).await?;
         match AcquireReply::parse(reply).map_err(to_lock_error)? {
-            AcquireReply::Granted(token) => self.send(&release_call(&keys, OWNER_FIELD, token)).await.map(drop),
+            AcquireReply::Granted(token) => {
+                self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token)).await.map(drop)
+            }
             AcquireReply::Busy(_) => Err(LockError::Timeout),
         }
     }
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        self.send(&renew_call(&keys, OWNER_FIELD, 0, ttl_millis(DEFAULT_TTL))).await.map(drop)
+        self.send(&renew_call(&keys, OWNER_FIELD, GRANT_FIELD, 0, ttl_millis(DEFAULT_TTL))).await.map(drop)
     }
 }

@@ -15,17 +15,21 @@ use redis::{
     RedisResult, TlsCertificates, TlsMode, Value,
 };
 
+use dlock_core::backend::lock_unpoisoned;
 use dlock_core::LockError;
 
 use crate::config::{Node, RedisConfig, Topology};
 use crate::error::{suggests_failover, to_lock_error};
 
-/// Reconnection attempts per failed command before it fails (each bounded by the
-/// connect timeout, the whole by the operation timeout).
+/// Reconnection attempts after a connection broke (each bounded by the connect
+/// timeout). On a Cluster they are also re-sendings of a command whose connection broke
+/// under it; that is safe because every script is idempotent per request.
 const RECONNECT_RETRIES: usize = 2;
 
-/// A command connection: cheap to clone (clones share the connection), every command
-/// bounded by the operation timeout, reconnecting on its own after a failure.
+/// A command connection: cheap to clone (clones share the connection), reconnecting on
+/// its own after a failure. Commands have no response timeout of their own: the client
+/// bounds each operation by its operation timeout, and a renewal by the lease's validity
+/// (a late reply within it still renews).
 #[derive(Clone)]
 pub enum RedisConnection {
     /// One server.
@@ -208,7 +212,6 @@ async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected>
             let infos: Vec<ConnectionInfo> = seeds.iter().map(|node| node_info(node, config)).collect();
             let mut builder = ClusterClientBuilder::new(infos.clone())
                 .connection_timeout(config.connect_timeout())
-                .response_timeout(config.op_timeout())
                 .retries(RECONNECT_RETRIES as u32);
             if let Some(username) = config.username() {
                 builder = builder.username(username);
@@ -260,7 +263,7 @@ async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected>
 fn manager_config(config: &RedisConfig) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout()))
-        .set_response_timeout(Some(config.op_timeout()))
+        .set_response_timeout(None)
         .set_number_of_retries(RECONNECT_RETRIES)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(200))
@@ -337,7 +340,7 @@ impl SentinelConnection {
     }
 
     fn current(&self) -> ConnectionManager {
-        self.inner.current.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock_unpoisoned(&self.inner.current).clone()
     }
 
     fn after<T>(&self, result: &RedisResult<T>) {
@@ -360,7 +363,7 @@ impl SentinelConnection {
                 ConnectionManager::new_lazy_with_config(client, inner.manager_config.clone())
             };
             match tokio::time::timeout(inner.connect_timeout, lookup).await {
-                Ok(Ok(manager)) => *inner.current.lock().unwrap_or_else(|p| p.into_inner()) = manager,
+                Ok(Ok(manager)) => *lock_unpoisoned(&inner.current) = manager,
                 Ok(Err(err)) => tracing::debug!(%err, "looking up the Redis master through Sentinel failed"),
                 Err(_) => tracing::debug!("looking up the Redis master through Sentinel timed out"),
             }

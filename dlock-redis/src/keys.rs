@@ -4,8 +4,9 @@
 //!
 //! | what | name | type |
 //! |---|---|---|
-//! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token; with a ttl (PEXPIRE) |
+//! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token, `grant:<request id>` → 1 per grant; with a ttl (PEXPIRE) |
 //! | the fence counter | `dlock:{orders%2F42}:fence` | string counter (INCR), no ttl |
+//! | a given-back request | `dlock:{orders%2F42}:void:<request id>` | string, with the request's ttl: refuses a late delivery of an acquire whose grant was given back |
 //! | the release channel | `dlock:{orders%2F42}:released` | pub/sub channel; the message is the released token |
 //!
 //! The part in braces is the Cluster hash tag, so the hold and the counter share one
@@ -13,6 +14,7 @@
 //! is injective and never contains a brace: two names never share a key, and a name
 //! with `{` or `}` in it cannot move the tag.
 
+use dlock_core::backend::RequestId;
 use dlock_core::{LockError, LockName, OwnerId};
 
 /// The field of the hold hash that holds the fencing token.
@@ -21,6 +23,11 @@ pub const TOKEN_FIELD: &str = "token";
 /// The prefix of the hold hash's owner field (`owner:<owner id>` → count). The prefix
 /// keeps any owner id apart from [`TOKEN_FIELD`].
 pub const OWNER_FIELD_PREFIX: &str = "owner:";
+
+/// The prefix of the hold hash's grant fields (`grant:<request id>` → 1): each grant is
+/// recorded under the request that made it, so that it can be released or given back
+/// once, and only it.
+pub const GRANT_FIELD_PREFIX: &str = "grant:";
 
 /// The key prefix of a client, validated.
 ///
@@ -77,6 +84,19 @@ pub struct LockKeys {
 /// The hold hash's field for `owner`.
 pub fn owner_field(owner: &OwnerId) -> String {
     format!("{OWNER_FIELD_PREFIX}{owner}")
+}
+
+/// The hold hash's field for the grant of request `id`.
+pub fn grant_field(id: &RequestId) -> String {
+    format!("{GRANT_FIELD_PREFIX}{id}")
+}
+
+impl LockKeys {
+    /// The marker key that refuses a late delivery of request `id` once its grant was
+    /// given back (in the lock's hash slot).
+    pub fn void(&self, id: &RequestId) -> String {
+        format!("{}:void:{id}", self.hold)
+    }
 }
 
 #[cfg(test)]

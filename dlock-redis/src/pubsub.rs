@@ -118,7 +118,7 @@ impl Drop for Registration {
 
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        dlock_core::backend::lock_unpoisoned(&self.state)
     }
 
     /// Wakes the waiters of one channel, or of all.

@@ -12,31 +12,44 @@ use crate::config::ReplicaAck;
 
 /// Grants when the hold is free or already the owner's, else reports the remaining ttl.
 ///
-/// KEYS: hold, fence counter. ARGV: owner field, ttl in ms.
-/// Returns `{1, token}` when granted, `{0, pttl}` when busy.
+/// Each grant is recorded under its own field (`grant:<request id>`), so that the call
+/// is idempotent (a second delivery of one request, by a retry or a client library that
+/// re-sends, answers the grant already made and counts nothing twice) and so that the
+/// request's grant, and only it, can be given back when its reply was lost. A request
+/// given back leaves a marker key (`void`) that refuses a late delivery of it.
+///
+/// KEYS: hold, fence counter, void marker. ARGV: owner field, ttl in ms, grant field.
+/// Returns `{1, token}` when granted, `{0, pttl}` when busy (or given back already).
 const ACQUIRE: &str = r#"
-local count = redis.call('hget', KEYS[1], ARGV[1])
-if count then
+if redis.call('exists', KEYS[3]) == 1 then
+  return {0, redis.call('pttl', KEYS[1])}
+end
+if redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
+  return {1, redis.call('hget', KEYS[1], 'token')}
+end
+local ttl = tonumber(ARGV[2])
+if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[1], 1)
-  local ttl = tonumber(ARGV[2])
+  redis.call('hset', KEYS[1], ARGV[3], 1)
   if redis.call('pttl', KEYS[1]) < ttl then
     redis.call('pexpire', KEYS[1], ttl)
   end
-  return {1, tonumber(redis.call('hget', KEYS[1], 'token'))}
+  return {1, redis.call('hget', KEYS[1], 'token')}
 end
 if redis.call('exists', KEYS[1]) == 1 then
   return {0, redis.call('pttl', KEYS[1])}
 end
 local token = redis.call('incr', KEYS[2])
-redis.call('hset', KEYS[1], ARGV[1], 1, 'token', token)
-redis.call('pexpire', KEYS[1], ARGV[2])
+redis.call('hset', KEYS[1], ARGV[1], 1, 'token', token, ARGV[3], 1)
+redis.call('pexpire', KEYS[1], ttl)
 return {1, token}
 "#;
 
-/// Keeps the owner's hold (with this token) for at least the ttl from now.
+/// Keeps the hold of one grant (with this token) for at least the ttl from now.
 ///
-/// KEYS: hold. ARGV: owner field, token, ttl in ms.
-/// Returns 1 when renewed, 0 when the hold is gone, -1 when another hold is there.
+/// KEYS: hold. ARGV: owner field, token, ttl in ms, grant field.
+/// Returns 1 when renewed, 0 when the hold (or this grant of it) is gone, -1 when
+/// another hold is there.
 const RENEW: &str = r#"
 local token = redis.call('hget', KEYS[1], 'token')
 if not token then
@@ -45,6 +58,9 @@ end
 if token ~= ARGV[2] or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
   return -1
 end
+if redis.call('hexists', KEYS[1], ARGV[4]) == 0 then
+  return 0
+end
 local ttl = tonumber(ARGV[3])
 if redis.call('pttl', KEYS[1]) < ttl then
   redis.call('pexpire', KEYS[1], ttl)
@@ -52,36 +68,73 @@ end
 return 1
 "#;
 
-/// Releases one hold of the owner (with this token); the last one frees the lock and
-/// publishes the token on the lock's channel.
+/// Releases one grant of the hold (with this token); the owner's last one frees the lock
+/// and publishes the token on the lock's channel. Idempotent per grant: a second delivery
+/// finds the grant gone and changes nothing.
 ///
-/// KEYS: hold. ARGV: owner field, token, channel.
-/// Returns 1 when released, 0 when the hold was not ours.
+/// The last release deletes the hash first: `DEL` is allowed when the server is out of
+/// memory (`HINCRBY` is not), so unlocking keeps working then.
+///
+/// KEYS: hold. ARGV: owner field, token, channel, grant field.
+/// Returns 1 when released, 2 when the hold is there but this grant was released
+/// already, 0 when the hold is not ours.
 const RELEASE: &str = r#"
 if redis.call('hget', KEYS[1], 'token') ~= ARGV[2] or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
+if redis.call('hexists', KEYS[1], ARGV[4]) == 0 then
+  return 2
+end
+if tonumber(redis.call('hget', KEYS[1], ARGV[1])) <= 1 then
+  redis.call('del', KEYS[1])
+  redis.call('publish', ARGV[3], ARGV[2])
   return 1
 end
-redis.call('del', KEYS[1])
-redis.call('publish', ARGV[3], ARGV[2])
+redis.call('hincrby', KEYS[1], ARGV[1], -1)
+redis.call('hdel', KEYS[1], ARGV[4])
 return 1
+"#;
+
+/// Gives back whatever grant one request may have made (its reply was lost), whichever
+/// token it has, and marks the request given back so that a late delivery of it grants
+/// nothing. Another holder, and the owner's other grants, are never touched.
+///
+/// KEYS: hold, void marker. ARGV: owner field, grant field, channel, marker ttl in ms.
+/// Returns 1 when a grant was given back, 0 when there was none.
+const GIVE_BACK: &str = r#"
+local given = 0
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  given = 1
+  if tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0') <= 1 then
+    local token = redis.call('hget', KEYS[1], 'token') or '0'
+    redis.call('del', KEYS[1])
+    redis.call('publish', ARGV[3], token)
+  else
+    redis.call('hincrby', KEYS[1], ARGV[1], -1)
+    redis.call('hdel', KEYS[1], ARGV[2])
+  end
+end
+redis.pcall('set', KEYS[2], 1, 'px', ARGV[4])
+return given
 "#;
 
 /// One RedLock node's part of a grant with a token proposed by the client: granted only
 /// if the hold is free here and the proposal is above this node's fence counter, which
-/// then rises to it. An owner that holds the lock here already re-enters its hold.
+/// then rises to it. An owner that holds the lock here already re-enters its hold. As
+/// with the single server's acquire, the grant is recorded under the request's own field
+/// (idempotent per request, and given back by it), and a request given back is refused.
 ///
 /// Tokens travel and are stored as decimal strings, compared by length then text, so
 /// that no value loses precision in Lua's doubles.
 ///
-/// KEYS: hold, fence counter. ARGV: owner field, proposed token, ttl in ms.
+/// KEYS: hold, fence counter, void marker. ARGV: owner field, proposed token, ttl in ms,
+/// grant field.
 /// Returns `{status, value, fence[, holder's token]}`: `{1, token}` granted with the
-/// proposal, `{2, token}` re-entered (count + 1, the hold's own token), `{0, pttl, fence,
-/// token}` held by another owner (with that hold's token, so that the client can tell one
-/// holder with a quorum from a split vote), `{-1, fence}` the proposal is not above the
-/// counter; `fence` is the counter after the call.
+/// proposal, `{2, token}` re-entered (count + 1, the hold's own token, or a grant this
+/// request made in an earlier round), `{0, pttl, fence, token}` held by another owner
+/// (with that hold's token, so that the client can tell one holder with a quorum from a
+/// split vote), `{-1, fence}` the proposal is not above the counter; `fence` is the
+/// counter after the call.
 const GRANT: &str = r#"
 local function above(a, b)
   if #a ~= #b then
@@ -90,8 +143,19 @@ local function above(a, b)
   return a > b
 end
 local fence = redis.call('get', KEYS[2]) or '0'
+if redis.call('exists', KEYS[3]) == 1 then
+  return {0, redis.call('pttl', KEYS[1]), fence, redis.call('hget', KEYS[1], 'token') or '0'}
+end
+if redis.call('hexists', KEYS[1], ARGV[4]) == 1 then
+  local token = redis.call('hget', KEYS[1], 'token')
+  if token == ARGV[2] then
+    return {1, token, fence}
+  end
+  return {2, token, fence}
+end
 if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[1], 1)
+  redis.call('hset', KEYS[1], ARGV[4], 1)
   local ttl = tonumber(ARGV[3])
   if redis.call('pttl', KEYS[1]) < ttl then
     redis.call('pexpire', KEYS[1], ttl)
@@ -105,7 +169,7 @@ if not above(ARGV[2], fence) then
   return {-1, fence, fence}
 end
 redis.call('set', KEYS[2], ARGV[2])
-redis.call('hset', KEYS[1], ARGV[1], 1, 'token', ARGV[2])
+redis.call('hset', KEYS[1], ARGV[1], 1, 'token', ARGV[2], ARGV[4], 1)
 redis.call('pexpire', KEYS[1], ARGV[3])
 return {1, ARGV[2], ARGV[2]}
 "#;
@@ -140,6 +204,8 @@ pub struct Scripts {
     pub renew: Script,
     /// See the release script.
     pub release: Script,
+    /// See the give-back script.
+    pub give_back: Script,
     /// See the inspect script.
     pub inspect: Script,
     /// See the grant script (one RedLock node's part of a grant).
@@ -156,6 +222,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(ACQUIRE),
     renew: Script::new(RENEW),
     release: Script::new(RELEASE),
+    give_back: Script::new(GIVE_BACK),
     inspect: Script::new(INSPECT),
     grant: Script::new(GRANT),
 });
@@ -167,8 +234,8 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Every script, for loading them up front.
-    pub fn all(&self) -> [&Script; 5] {
-        [&self.acquire, &self.renew, &self.release, &self.inspect, &self.grant]
+    pub fn all(&self) -> [&Script; 6] {
+        [&self.acquire, &self.renew, &self.release, &self.give_back, &self.inspect, &self.grant]
     }
 
     /// `SCRIPT LOAD`s every script (on every node of a Cluster), so that the first call
@@ -208,8 +275,27 @@ impl Invocation {
         self
     }
 
-    /// Sends the call, loading the script again if the server lost it.
+    /// Sends the call, loading the script again if the server lost it, and once more on
+    /// a fresh connection if the connection broke under it. Every script of this crate
+    /// is idempotent per request (see [`ACQUIRE`] and [`RELEASE`]), so a call the broken
+    /// connection did deliver changes nothing the second time.
     pub async fn run<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<Value> {
+        self.run_again_if_broken(conn).await.map(|(reply, _)| reply)
+    }
+
+    /// As [`run`](Self::run), also telling whether the call was sent twice (so that its
+    /// first delivery may have been applied, and the reply is to the second).
+    pub async fn run_again_if_broken<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<(Value, bool)> {
+        match self.run_once(conn).await {
+            Err(err) if connection_broke(&err) => {
+                tracing::debug!(%err, "the connection broke under a script call; sending it again");
+                self.run_once(conn).await.map(|reply| (reply, true))
+            }
+            other => other.map(|reply| (reply, false)),
+        }
+    }
+
+    async fn run_once<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<Value> {
         match self.cmd.query_async(conn).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.script.load_async(conn).await?;
@@ -242,6 +328,12 @@ impl Invocation {
             }
         }
     }
+}
+
+/// Whether the connection broke (reset, closed, refused) rather than the server
+/// answering or the time running out: a reconnecting connection can send again.
+fn connection_broke(err: &redis::RedisError) -> bool {
+    !err.is_timeout() && (err.is_connection_dropped() || err.is_connection_refusal() || err.is_io_error())
 }
 
 /// `WAIT`'s timeout in ms, never 0 (which would wait forever).
@@ -341,12 +433,42 @@ impl RenewReply {
     }
 }
 
-/// Reads the release script's answer: whether the hold was ours and is released.
-pub fn parse_release(reply: Value) -> RedisResult<bool> {
+/// What the release script answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseReply {
+    /// This grant was released now.
+    Released,
+    /// The hold is there, but this grant of it was released before.
+    AlreadyReleased,
+    /// The hold is gone, or it is another's.
+    NotOurs,
+}
+
+impl ReleaseReply {
+    /// Reads the script's 1, 2 or 0.
+    pub fn parse(reply: Value) -> RedisResult<Self> {
+        match redis::from_redis_value::<i64>(reply)? {
+            1 => Ok(ReleaseReply::Released),
+            2 => Ok(ReleaseReply::AlreadyReleased),
+            0 => Ok(ReleaseReply::NotOurs),
+            other => Err(unexpected("release", &other.to_string())),
+        }
+    }
+
+    /// Whether the grant is released, given whether the call was sent twice: after a
+    /// second sending, a grant found gone was most likely released by the first, whose
+    /// reply the broken connection lost (and either way it is not held any more).
+    pub fn released(self, sent_twice: bool) -> bool {
+        self == ReleaseReply::Released || sent_twice
+    }
+}
+
+/// Reads the give-back script's answer: whether there was a grant to give back.
+pub fn parse_given_back(reply: Value) -> RedisResult<bool> {
     match redis::from_redis_value::<i64>(reply)? {
         1 => Ok(true),
         0 => Ok(false),
-        other => Err(unexpected("release", &other.to_string())),
+        other => Err(unexpected("give back", &other.to_string())),
     }
 }
 
@@ -399,7 +521,7 @@ mod tests {
 
     #[test]
     fn scripts_use_the_documented_field_names() {
-        for script in [ACQUIRE, RENEW, RELEASE, INSPECT, GRANT] {
+        for script in [ACQUIRE, RENEW, RELEASE, GIVE_BACK, INSPECT, GRANT] {
             assert!(script.contains(&format!("'{TOKEN_FIELD}'")));
         }
         assert!(INSPECT.contains(&format!("'{OWNER_FIELD_PREFIX}'")));
@@ -417,7 +539,10 @@ mod tests {
         assert_eq!(AcquireReply::parse(Value::Array(vec![int(0), int(-1)])).unwrap(), AcquireReply::Busy(None));
         assert!(AcquireReply::parse(Value::Array(vec![int(2), int(1)])).is_err());
         assert_eq!(RenewReply::parse(int(-1)).unwrap(), RenewReply::Stolen);
-        assert!(parse_release(int(1)).unwrap());
+        assert_eq!(ReleaseReply::parse(int(1)).unwrap(), ReleaseReply::Released);
+        assert_eq!(ReleaseReply::parse(int(2)).unwrap(), ReleaseReply::AlreadyReleased);
+        assert!(!ReleaseReply::parse(int(0)).unwrap().released(false));
+        assert!(ReleaseReply::parse(int(0)).unwrap().released(true));
         assert_eq!(HoldView::parse(Value::Array(vec![])).unwrap(), None);
         let big = u64::MAX.to_string();
         let view = HoldView::parse(Value::Array(vec![

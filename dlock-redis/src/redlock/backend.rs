@@ -1,13 +1,15 @@
 //! The RedLock [`Backend`]: every operation is one fan-out of a script call to all the
 //! masters at once, decided by a quorum of their answers.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use dlock_core::backend::lock_unpoisoned;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId};
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use super::config::RedLockConfig;
 use super::nodes::{fan_out, NodeLink, Nodes};
@@ -16,11 +18,11 @@ use super::quorum::{
     renewal_done, unreachable, Answer, GrantAnswers, GrantOutcome,
 };
 use super::token::Proposer;
-use crate::backend::{release_call, renew_call, CAPABILITIES};
+use crate::backend::{give_back_call, release_call, renew_call, CAPABILITIES};
 use crate::config::Node;
-use crate::keys::{owner_field, KeyLayout, LockKeys};
+use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::Registration;
-use crate::scripts::{parse_release, scripts, ttl_millis, GrantReply, HoldView, Invocation, RenewReply};
+use crate::scripts::{scripts, ttl_millis, GrantReply, HoldView, Invocation, ReleaseReply, RenewReply};
 
 /// The RedLock backend of one client: the masters, the key layout (the same as a single
 /// server's, on every node), and the settings that shape each operation.
@@ -39,12 +41,13 @@ impl std::fmt::Debug for RedLockBackend {
     }
 }
 
-/// A granted hold: the lock's keys, the owner and the token every node checks on renewal
-/// and release.
+/// A granted hold: the lock's keys, the owner, the grant (named after the request that
+/// made it) and the token every node checks on renewal and release.
 #[derive(Debug, Clone)]
 pub struct RedLockHold {
     keys: LockKeys,
     owner_field: String,
+    grant_field: String,
     token: u64,
 }
 
@@ -75,6 +78,42 @@ pub struct RedLockTicket {
 impl std::fmt::Debug for RedLockTicket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedLockTicket").field("quiet", &self.quiet).field("splits", &self.splits).finish()
+    }
+}
+
+/// One acquire request as every node sees it: the lock's keys, the owner and grant
+/// fields, the marker of a given-back request, and the ttl.
+struct Ask {
+    keys: LockKeys,
+    owner: String,
+    grant: String,
+    void: String,
+    ttl_ms: u64,
+    /// The give-back of the last round, still running: the next round of the same
+    /// request waits for it, so that it finds this request's earlier grants gone.
+    giving_back: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Ask {
+    fn new(layout: &KeyLayout, req: &Request) -> Self {
+        let keys = layout.lock(&req.name);
+        Ask {
+            owner: owner_field(&req.owner),
+            grant: grant_field(&req.id),
+            void: keys.void(&req.id),
+            ttl_ms: ttl_millis(req.ttl()),
+            keys,
+            giving_back: Mutex::new(None),
+        }
+    }
+
+    /// Waits for the give-back of the last round, if one is running (it is bounded by the
+    /// node timeout).
+    async fn given_back(&self) {
+        let running = lock_unpoisoned(&self.giving_back).take();
+        if let Some(running) = running {
+            let _ = running.await;
+        }
     }
 }
 
@@ -162,6 +201,16 @@ impl RedLockBackend {
         Instant::now() + self.node_timeout * fan_outs <= deadline
     }
 
+    /// The fan-outs of one more look at the lock: the last round's give-back, then a
+    /// grant round, after reading the counters if the proposer reads first.
+    fn fan_outs_per_look(&self) -> u32 {
+        if self.proposer.reads_first() {
+            3
+        } else {
+            2
+        }
+    }
+
     /// A random delay after the `splits`-th split vote in a row, so that competitors do
     /// not try again in step: up to the retry delay, doubling with each split (up to 16
     /// times), as the contention proves heavier.
@@ -185,22 +234,22 @@ impl RedLockBackend {
     /// One look at the lock: a grant round with the proposer's first proposal (after
     /// reading the counters, if it reads first), and one more round above the highest
     /// counter if the only obstacle was a proposal too low.
-    async fn look(&self, keys: &LockKeys, owner: &str, ttl_ms: u64, deadline: Instant) -> Result<Look, LockError> {
-        let mut proposal = match self.proposer.first(&keys.fence) {
+    async fn look(&self, ask: &Ask, deadline: Instant) -> Result<Look, LockError> {
+        let mut proposal = match self.proposer.first(&ask.keys.fence) {
             Some(proposal) => proposal,
-            None => self.proposer.above(self.read_counters(keys).await?),
+            None => self.proposer.above(self.read_counters(&ask.keys).await?),
         };
         let mut rounds = 0;
         loop {
             rounds += 1;
-            let (outcome, mut answers) = self.grant_round(keys, owner, proposal, ttl_ms).await;
+            let (outcome, mut answers) = self.grant_round(ask, proposal).await;
             tracing::debug!(proposal, ?outcome, round = rounds, "RedLock grant round");
             let timed_out = answers.iter().any(|a| matches!(a, Answer::TimedOut));
             match outcome {
                 GrantOutcome::Won(token) => return Ok(Look::Won(token)),
                 // Nodes that did not answer in time (rather than refusing the connection)
                 // may have been slow once: one more round, if the operation has time.
-                GrantOutcome::Unreachable { .. } if timed_out && rounds < 2 && self.has_time_for(3, deadline) => {
+                GrantOutcome::Unreachable { .. } if timed_out && rounds < 2 && self.has_time_for(2, deadline) => {
                     proposal = self.proposer.above(max_fence(&answers).unwrap_or(0).max(proposal));
                 }
                 GrantOutcome::Unreachable { got } => return Err(unreachable(&mut answers, got, self.quorum)),
@@ -232,25 +281,18 @@ impl RedLockBackend {
         Ok(answers.iter().filter_map(Answer::replied).map(|fence| fence.unwrap_or(0)).max().unwrap_or(0))
     }
 
-    /// Sends the grant script with `proposal` to every node and decides. A round that is
-    /// not won gives back, before returning, whatever it may have taken: its grants and
+    /// Sends the grant script with `proposal` to every node and decides. A round gives
+    /// back whatever it may have taken that is not part of a won hold: its grants and
     /// re-entries on the nodes that answered, and the proposal on every node that did not
     /// (its grant may have landed unseen). That is a release on every node but those that
-    /// answered busy or stale, whose script changed nothing. A won round does the same in
-    /// the background for any grant of another token.
-    async fn grant_round(
-        &self,
-        keys: &LockKeys,
-        owner: &str,
-        proposal: u64,
-        ttl_ms: u64,
-    ) -> (GrantOutcome, Vec<Answer<(GrantReply, u64)>>) {
-        let mut guard = GiveBack { nodes: &self.nodes, keys, owner, token: proposal, timeout: self.node_timeout };
-        let call = Invocation::new(&scripts().grant, &[&keys.hold, &keys.fence])
-            .arg(owner)
-            .arg(proposal.to_string())
-            .arg(ttl_ms);
-        let call = Arc::new(call);
+    /// answered busy or stale, whose script changed nothing. The give-back runs in the
+    /// background (bounded by the node timeout), so that a lost look costs one node
+    /// timeout; a later round of the same request waits for it first.
+    async fn grant_round(&self, ask: &Ask, proposal: u64) -> (GrantOutcome, Vec<Answer<(GrantReply, u64)>>) {
+        ask.given_back().await;
+        let keys = &ask.keys;
+        let mut guard = GiveBack { nodes: &self.nodes, ask, token: proposal, timeout: self.node_timeout };
+        let call = Arc::new(grant_call(keys, &ask.owner, &ask.grant, &ask.void, proposal, ask.ttl_ms));
         let quorum = self.quorum;
         let answers = fan_out(
             &self.nodes,
@@ -267,20 +309,36 @@ impl RedLockBackend {
         }
         let outcome = decide_grant(&answers, proposal, quorum);
         let leftovers = leftovers(&answers, proposal, outcome);
-        if let GrantOutcome::Won(_) = outcome {
-            guard.disarm();
-            if !leftovers.is_empty() {
-                let (nodes, keys, owner, timeout) =
-                    (self.nodes.clone(), keys.clone(), owner.to_string(), self.node_timeout);
-                tokio::spawn(async move { give_back(&nodes, &keys, &owner, &leftovers, timeout).await });
-            }
-        } else {
-            give_back(&self.nodes, keys, owner, &leftovers, self.node_timeout).await;
-            guard.disarm();
+        guard.disarm();
+        if !leftovers.is_empty() {
+            let (nodes, keys, owner, grant, timeout) =
+                (self.nodes.clone(), keys.clone(), ask.owner.clone(), ask.grant.clone(), self.node_timeout);
+            let running =
+                tokio::spawn(async move { give_back(&nodes, &keys, &owner, &grant, &leftovers, timeout).await });
+            *lock_unpoisoned(&ask.giving_back) = Some(running);
         }
         (outcome, answers)
     }
 }
+
+/// The grant script call of one request with one proposal on one node.
+pub(crate) fn grant_call(
+    keys: &LockKeys,
+    owner_field: &str,
+    grant_field: &str,
+    void: &str,
+    proposal: u64,
+    ttl_ms: u64,
+) -> Invocation {
+    Invocation::new(&scripts().grant, &[&keys.hold, &keys.fence, void])
+        .arg(owner_field)
+        .arg(proposal.to_string())
+        .arg(ttl_ms)
+        .arg(grant_field)
+}
+
+/// The bound of a fan-out that has none of its own (its caller bounds it).
+const UNBOUNDED: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// What a round must give back: `(node, token)` pairs to release. Grants and re-entries
 /// of a token other than the winning one; and where no answer came, the proposal, unless
@@ -305,15 +363,23 @@ fn leftovers(answers: &GrantAnswers, proposal: u64, outcome: GrantOutcome) -> Ve
         .collect()
 }
 
-/// Releases one hold of `owner` with each token on its node (owner- and token-checked,
-/// so a hold that is not ours is never touched), all at once, within `timeout`.
-async fn give_back(nodes: &[NodeLink], keys: &LockKeys, owner: &str, leftovers: &[(usize, u64)], timeout: Duration) {
+/// Releases the grant `grant` of `owner` with each token on its node (owner-, grant- and
+/// token-checked, so a hold that is not this request's is never touched), all at once,
+/// within `timeout`.
+async fn give_back(
+    nodes: &[NodeLink],
+    keys: &LockKeys,
+    owner: &str,
+    grant: &str,
+    leftovers: &[(usize, u64)],
+    timeout: Duration,
+) {
     if leftovers.is_empty() {
         return;
     }
     let calls = leftovers.iter().map(|&(index, token)| {
         let mut conn = nodes[index].conn.clone();
-        let call = release_call(keys, owner, token);
+        let call = release_call(keys, owner, grant, token);
         async move { call.run(&mut conn).await }
     });
     match tokio::time::timeout(timeout, futures::future::join_all(calls)).await {
@@ -330,8 +396,7 @@ async fn give_back(nodes: &[NodeLink], keys: &LockKeys, owner: &str, leftovers: 
 /// attempt's future dropped): its grants may have landed on any of them.
 struct GiveBack<'a> {
     nodes: &'a Nodes,
-    keys: &'a LockKeys,
-    owner: &'a str,
+    ask: &'a Ask,
     token: u64,
     timeout: Duration,
 }
@@ -348,10 +413,10 @@ impl Drop for GiveBack<'_> {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (nodes, keys, owner, timeout) =
-            (self.nodes.clone(), self.keys.clone(), self.owner.to_string(), self.timeout);
+        let (nodes, keys, owner, grant, timeout) =
+            (self.nodes.clone(), self.ask.keys.clone(), self.ask.owner.clone(), self.ask.grant.clone(), self.timeout);
         let leftovers: Vec<(usize, u64)> = (0..nodes.len()).map(|index| (index, self.token)).collect();
-        runtime.spawn(async move { give_back(&nodes, &keys, &owner, &leftovers, timeout).await });
+        runtime.spawn(async move { give_back(&nodes, &keys, &owner, &grant, &leftovers, timeout).await });
     }
 }
 
@@ -373,27 +438,26 @@ impl Backend for RedLockBackend {
         req: &Request,
         ticket: &mut Option<RedLockTicket>,
     ) -> Result<Attempt<RedLockHold>, LockError> {
-        // The client bounds the whole attempt by the operation timeout: start no fan-out
-        // that could not finish within it.
-        let deadline = Instant::now() + self.config.op_timeout();
-        let keys = self.layout.lock(&req.name);
-        let owner = owner_field(&req.owner);
-        let ttl_ms = ttl_millis(req.ttl());
-        let mut look = self.look(&keys, &owner, ttl_ms, deadline).await?;
+        // The client bounds the whole attempt by the operation timeout, from a moment
+        // just before this one: start no fan-out that could not finish within it.
+        let deadline = Instant::now() + self.config.op_timeout().saturating_sub(self.node_timeout / 4);
+        let ask = Ask::new(&self.layout, req);
+        let mut look = self.look(&ask, deadline).await?;
         if let Look::Busy { split, .. } = look {
-            if req.blocking && ticket.is_none() && self.has_time_for(3, deadline) {
-                *ticket = Some(self.subscribe(&keys.channel).await);
+            // The subscriptions, then one more look (each fan-out within a node timeout).
+            if req.blocking && ticket.is_none() && self.has_time_for(1 + self.fan_outs_per_look(), deadline) {
+                *ticket = Some(self.subscribe(&ask.keys.channel).await);
                 // Look again: a release between the first look and the subscriptions
                 // would otherwise go unnoticed until the holder's ttl. After a split
                 // vote, the random delay comes first.
                 if !split {
-                    look = self.look(&keys, &owner, ttl_ms, deadline).await?;
+                    look = self.look(&ask, deadline).await?;
                 }
             }
         }
         Ok(match look {
             Look::Won(token) => Attempt::Granted {
-                hold: RedLockHold { keys, owner_field: owner, token },
+                hold: RedLockHold { keys: ask.keys, owner_field: ask.owner, grant_field: ask.grant, token },
                 token: FencingToken::new(token),
             },
             Look::Busy { split: true, .. } => {
@@ -407,7 +471,12 @@ impl Backend for RedLockBackend {
                 };
                 Attempt::Busy { retry_after: Some(self.jitter(splits)) }
             }
-            Look::Busy { split: false, retry_after } => Attempt::Busy { retry_after },
+            // Without a known expiry (the holds that stand in the way have none, or too
+            // few nodes said when theirs end) look again after the retry delay: a holder
+            // that crashed sends no release message.
+            Look::Busy { split: false, retry_after } => {
+                Attempt::Busy { retry_after: Some(retry_after.unwrap_or_else(|| self.jitter(1) + self.node_timeout)) }
+            }
         })
     }
 
@@ -431,17 +500,19 @@ impl Backend for RedLockBackend {
     }
 
     async fn renew(&self, hold: &RedLockHold, ttl: Duration) -> Result<Renewal, LockError> {
-        let call = renew_call(&hold.keys, &hold.owner_field, hold.token, ttl_millis(ttl));
+        let call = renew_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token, ttl_millis(ttl));
         let call = Arc::new(call);
         let quorum = self.quorum;
+        // No bound of its own: the client bounds a renewal by the lease's validity, and a
+        // quorum of answers that come late but within it still renews.
         let mut answers = fan_out(
             &self.nodes,
-            self.settle_timeout(),
+            UNBOUNDED,
             |mut conn| {
                 let call = call.clone();
                 async move { RenewReply::parse(call.run(&mut conn).await?) }
             },
-            |answers| renewal_done(answers, quorum),
+            |answers| renewal_done(answers, quorum) || decide_renewal(answers, quorum).is_some(),
         )
         .await;
         match decide_renewal(&answers, quorum) {
@@ -454,7 +525,7 @@ impl Backend for RedLockBackend {
     }
 
     async fn release(&self, hold: &RedLockHold) -> Result<Release, LockError> {
-        let call = release_call(&hold.keys, &hold.owner_field, hold.token);
+        let call = release_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token);
         let call = Arc::new(call);
         let quorum = self.quorum;
         let mut answers = fan_out(
@@ -462,7 +533,10 @@ impl Backend for RedLockBackend {
             self.settle_timeout(),
             |mut conn| {
                 let call = call.clone();
-                async move { parse_release(call.run(&mut conn).await?) }
+                async move {
+                    let (reply, sent_twice) = call.run_again_if_broken(&mut conn).await?;
+                    Ok(ReleaseReply::parse(reply)?.released(sent_twice))
+                }
             },
             |answers| count_released(answers) >= quorum,
         )
@@ -506,6 +580,26 @@ impl Backend for RedLockBackend {
             }),
         };
         Ok(LockInfo { holder, waiters: None })
+    }
+
+    async fn give_back(&self, req: &Request, ticket: Option<RedLockTicket>) {
+        drop(ticket);
+        let keys = self.layout.lock(&req.name);
+        let call = Arc::new(give_back_call(&keys, req));
+        let answers = fan_out(
+            &self.nodes,
+            self.settle_timeout(),
+            |mut conn| {
+                let call = call.clone();
+                async move { call.run(&mut conn).await }
+            },
+            |_| false,
+        )
+        .await;
+        let unanswered = answers.iter().filter(|a| a.replied().is_none()).count();
+        if unanswered > 0 {
+            tracing::debug!(lock = %keys.hold, unanswered, "giving back an attempt whose reply was lost did not reach every node; their ttl frees them");
+        }
     }
 
     fn clock_drift(&self, ttl: Duration) -> Duration {

@@ -10,15 +10,19 @@ use async_trait::async_trait;
 use dlock_core::{LockError, LockName, RawBaseline, DEFAULT_TTL};
 use futures::future::join_all;
 
+use super::backend::grant_call;
 use super::config::TokenSource;
 use super::nodes::Nodes;
 use crate::backend::{release_call, renew_call};
 use crate::error::to_lock_error;
 use crate::keys::{KeyLayout, LockKeys};
-use crate::scripts::{scripts, ttl_millis, GrantReply, Invocation};
+use crate::scripts::{ttl_millis, GrantReply};
 
 /// The owner field every baseline call uses.
 const OWNER_FIELD: &str = "owner:raw-baseline";
+
+/// The grant field every baseline call uses.
+const GRANT_FIELD: &str = "grant:raw-baseline";
 
 /// The RedLock raw baseline (see [`raw_baseline`](super::raw_baseline)).
 pub struct RedLockBaseline {
@@ -68,10 +72,8 @@ impl RedLockBaseline {
 
     /// The grant on every node; returns the nodes that granted and the highest counter.
     async fn grant(&self, keys: &LockKeys, token: u64) -> Result<(Vec<usize>, u64), LockError> {
-        let call = Invocation::new(&scripts().grant, &[&keys.hold, &keys.fence])
-            .arg(OWNER_FIELD)
-            .arg(token.to_string())
-            .arg(ttl_millis(DEFAULT_TTL));
+        let void = format!("{}:void:raw-baseline", keys.hold);
+        let call = grant_call(keys, OWNER_FIELD, GRANT_FIELD, &void, token, ttl_millis(DEFAULT_TTL));
         let replies = join_all(self.nodes.iter().map(|link| {
             let (call, mut conn) = (&call, link.conn.clone());
             async move { call.run(&mut conn).await }
@@ -89,7 +91,7 @@ impl RedLockBaseline {
     }
 
     async fn release(&self, keys: &LockKeys, token: u64, on: &[usize]) -> Result<(), LockError> {
-        let call = release_call(keys, OWNER_FIELD, token);
+        let call = release_call(keys, OWNER_FIELD, GRANT_FIELD, token);
         for reply in join_all(on.iter().map(|&index| {
             let (call, mut conn) = (&call, self.nodes[index].conn.clone());
             async move { call.run(&mut conn).await }
@@ -125,7 +127,7 @@ impl RawBaseline for RedLockBaseline {
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        let call = renew_call(&keys, OWNER_FIELD, 0, ttl_millis(DEFAULT_TTL));
+        let call = renew_call(&keys, OWNER_FIELD, GRANT_FIELD, 0, ttl_millis(DEFAULT_TTL));
         for reply in join_all(self.nodes.iter().map(|link| {
             let (call, mut conn) = (&call, link.conn.clone());
             async move { call.run(&mut conn).await }

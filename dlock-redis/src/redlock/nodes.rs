@@ -81,9 +81,10 @@ pub(crate) async fn connect(config: &RedLockConfig) -> Result<Nodes, LockError> 
 /// Sends `call` to every node at once and collects the answers, until `enough` says the
 /// outcome is known or `timeout` passes (unanswered calls then count as timed out).
 ///
-/// Calls still out when the outcome is known are not abandoned: the client library drops
-/// a queued command whose caller has gone, and a renewal or release must reach every
-/// node it can. A task of their own waits for them, up to the same deadline.
+/// Calls still out when the outcome is known, or when the time ran out, are not
+/// abandoned: the client library drops a queued command whose caller has gone, and a
+/// renewal or release must reach every node it can. A task of their own waits for them,
+/// up to the same deadline (or one more `timeout` after it ran out).
 pub(crate) async fn fan_out<T, F, Fut>(
     nodes: &[NodeLink],
     timeout: Duration,
@@ -138,6 +139,14 @@ where
                 }
                 for answer in answers.iter_mut().filter(|a| matches!(a, Answer::Pending)) {
                     *answer = Answer::TimedOut;
+                }
+                // Calls still out go on for one more period in a task of their own: a
+                // release or a give-back to a slow node must still reach it (a dropped
+                // call that was not yet written is never sent).
+                if !calls.is_empty() {
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(timeout, calls.for_each(|_| async {})).await;
+                    });
                 }
                 break;
             }

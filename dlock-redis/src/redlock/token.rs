@@ -67,6 +67,11 @@ impl Proposer {
         Proposer { source, hints: Mutex::new(HashMap::new()) }
     }
 
+    /// Whether each look reads the counters before its first round.
+    pub(crate) fn reads_first(&self) -> bool {
+        self.source == TokenSource::ReadFirst
+    }
+
     /// The proposal of a first round, or `None` when the counters must be read first.
     pub(crate) fn first(&self, fence_key: &str) -> Option<u64> {
         match self.source {
@@ -105,8 +110,7 @@ impl Proposer {
     }
 
     fn hints(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        // A poisoned lock only means a panic elsewhere; the hints stay usable.
-        self.hints.lock().unwrap_or_else(|p| p.into_inner())
+        dlock_core::backend::lock_unpoisoned(&self.hints)
     }
 }
 
