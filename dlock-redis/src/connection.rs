@@ -146,6 +146,7 @@ pub(crate) async fn connect(config: &RedisConfig) -> Result<Connected, LockError
         let connected = open(config, ca.as_deref()).await?;
         let mut commands = connected.commands.clone();
         crate::scripts::scripts().load_all(&mut commands).await?;
+        check_memory_policy(&mut commands, config).await;
         Ok::<_, redis::RedisError>(connected)
     };
     match tokio::time::timeout(timeout, attempt).await {
@@ -157,6 +158,33 @@ pub(crate) async fn connect(config: &RedisConfig) -> Result<Connected, LockError
         Err(_) => {
             Err(LockError::unavailable(format!("cannot connect to Redis ({}) within {timeout:?}", describe(config))))
         }
+    }
+}
+
+/// Reads the server's `maxmemory-policy` and warns when it can evict what the locks
+/// rely on. Where the ACL refuses `CONFIG GET` (managed services often do), nothing is
+/// said: the crate docs tell why `noeviction` matters.
+async fn check_memory_policy(conn: &mut RedisConnection, config: &RedisConfig) {
+    let get = redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").clone();
+    let reply: RedisResult<Vec<String>> = get.query_async(conn).await;
+    match reply {
+        Ok(pair) => {
+            if let Some(risk) = pair.get(1).and_then(|policy| eviction_risk(policy)) {
+                tracing::warn!(server = %describe(config), policy = %pair[1], "{risk}");
+            }
+        }
+        Err(err) => tracing::debug!(%err, "cannot read maxmemory-policy; make sure it is noeviction"),
+    }
+}
+
+/// What a `maxmemory-policy` can do to locks, if anything.
+pub(crate) fn eviction_risk(policy: &str) -> Option<&'static str> {
+    if policy.starts_with("volatile-") {
+        Some("maxmemory-policy evicts keys with a ttl: under memory pressure a lock's hold can vanish before its ttl, and another client then gets the lock; use noeviction")
+    } else if policy.starts_with("allkeys-") {
+        Some("maxmemory-policy evicts any key: a lock's hold can vanish before its ttl and its fence counter can be evicted, so that tokens start again from 1; use noeviction")
+    } else {
+        None
     }
 }
 
@@ -396,5 +424,18 @@ impl ConnectionLike for SentinelConnection {
 
     fn get_db(&self) -> i64 {
         self.current().get_db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eviction_risk;
+
+    #[test]
+    fn policies_that_evict_locks_are_named() {
+        assert!(eviction_risk("noeviction").is_none());
+        assert!(eviction_risk("volatile-lru").unwrap().contains("hold"));
+        assert!(eviction_risk("volatile-ttl").is_some());
+        assert!(eviction_risk("allkeys-lfu").unwrap().contains("fence counter"));
     }
 }

@@ -8,10 +8,36 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 /// the rest.
 pub(crate) fn to_lock_error(err: RedisError) -> LockError {
     if is_transient(&err) {
-        LockError::unavailable(format!("redis: {err}"))
+        LockError::unavailable_because(format!("redis: {err}"), err)
     } else {
         LockError::backend(err)
     }
+}
+
+/// Error codes (the first word of a server error) that say the server cannot take
+/// writes now (out of memory, busy with a script, loading, too few replicas, no longer
+/// the master), so that the call may succeed later or on another server.
+const UNAVAILABLE_CODES: &[&str] =
+    &["OOM", "BUSY", "LOADING", "NOREPLICAS", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN"];
+
+/// Codes that say the server we talk to may no longer be the master.
+const FAILOVER_CODES: &[&str] = &["READONLY", "MASTERDOWN", "NOREPLICAS", "LOADING"];
+
+/// The server error code of `err`, also when Redis 6 wrapped it in the error of the script
+/// that raised it (`ERR Error running script ... : -READONLY You can't write ...`).
+fn server_codes(err: &RedisError) -> Vec<&str> {
+    let mut codes = Vec::new();
+    if let Some(code) = err.code() {
+        codes.push(code);
+    }
+    if let Some(detail) = err.detail() {
+        codes.extend(detail.split_whitespace().filter_map(|word| word.strip_prefix('-')));
+    }
+    codes
+}
+
+fn has_code(err: &RedisError, wanted: &[&str]) -> bool {
+    server_codes(err).iter().any(|code| wanted.contains(code))
 }
 
 /// Whether the error is about reaching a server that can take writes, rather than
@@ -35,6 +61,7 @@ pub(crate) fn is_transient(err: &RedisError) -> bool {
                 | ErrorKind::MasterNameNotFoundBySentinel
                 | ErrorKind::EmptySentinelList
         )
+        || has_code(err, UNAVAILABLE_CODES)
 }
 
 /// Whether the error suggests that the server we talk to is no longer the master (or is
@@ -44,6 +71,7 @@ pub(crate) fn suggests_failover(err: &RedisError) -> bool {
         || err.is_connection_dropped()
         || err.is_connection_refusal()
         || matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown))
+        || has_code(err, FAILOVER_CODES)
 }
 
 #[cfg(test)]
@@ -56,5 +84,34 @@ mod tests {
         assert!(matches!(to_lock_error(refused), LockError::Unavailable { .. }));
         let parse = RedisError::from((ErrorKind::UnexpectedReturnType, "bad"));
         assert!(matches!(to_lock_error(parse), LockError::Backend(_)));
+    }
+
+    fn server_error(text: &str) -> RedisError {
+        let reply = format!("-{text}\r\n");
+        match redis::parse_redis_value(reply.as_bytes()) {
+            Ok(value) => value.extract_error().expect_err("an error reply"),
+            Err(err) => panic!("{text}: {err}"),
+        }
+    }
+
+    #[test]
+    fn servers_that_cannot_write_now_are_unavailable_and_suggest_a_failover() {
+        for text in [
+            "NOREPLICAS Not enough good replicas to write.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "BUSY Redis is busy running a script.",
+            "ERR Error running script (call to f_0123): @user_script:1: @user_script: 1: -READONLY You can't write against a read only replica.",
+        ] {
+            let err = server_error(text);
+            assert!(is_transient(&err), "{text}: {:?}", err.kind());
+            assert!(matches!(to_lock_error(server_error(text)), LockError::Unavailable { source: Some(_), .. }), "{text}");
+        }
+        assert!(suggests_failover(&server_error("NOREPLICAS Not enough good replicas to write.")));
+        assert!(suggests_failover(&server_error(
+            "ERR Error running script (call to f_0123): @user_script:1: @user_script: 1: -READONLY You can't write"
+        )));
+        assert!(!suggests_failover(&server_error("OOM command not allowed")));
+        assert!(!is_transient(&server_error("ERR wrong number of arguments")));
+        assert!(!is_transient(&server_error("WRONGPASS invalid username-password pair")));
     }
 }

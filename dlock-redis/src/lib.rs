@@ -40,8 +40,10 @@
 //! tag (see [`keys`] for the exact layout):
 //!
 //! ```text
-//! dlock:{orders%2F42}           hash  owner:<owner id> -> hold count, token -> 17   (PEXPIRE ttl)
+//! dlock:{orders%2F42}           hash  owner:<owner id> -> hold count, token -> 17,
+//!                                     grant:<request id> -> 1 per grant           (PEXPIRE ttl)
 //! dlock:{orders%2F42}:fence     string 17                                          (no ttl)
+//! dlock:{orders%2F42}:void:<request id>  a request given back                     (PEXPIRE ttl)
 //! dlock:{orders%2F42}:released  channel; a release publishes the released token
 //! ```
 //!
@@ -55,6 +57,14 @@
 //! - **renew** (the watchdog, every ttl/3) and **release** check the owner *and* the
 //!   token, so a stale lease can neither extend nor free a newer holder's lock; the last
 //!   release deletes the hash and `PUBLISH`es on the lock's channel;
+//! - every grant is recorded under the request that made it, which makes each script
+//!   idempotent: a call delivered twice (a retry after a broken connection, a Cluster
+//!   client re-sending) grants or releases once. An acquire whose reply was lost (a
+//!   timeout, a reset) is **given back**: a script removes exactly that request's grant,
+//!   never another holder's or the same owner's other grants, and marks the request so
+//!   that a late delivery of it grants nothing;
+//! - the last release deletes the hash first (`DEL` works when the server is out of
+//!   memory, see below);
 //! - a **waiter** subscribes to the channel before it looks again, then sleeps until a
 //!   release message or the holder's remaining ttl (an expired or deleted hold sends no
 //!   message), on one pub/sub connection shared by every waiter of the client.
@@ -78,6 +88,27 @@
 //! until its next renewal reports the loss). Without persistence, everything is lost.
 //! Use a persistent server when the fencing tokens protect anything.
 //!
+//! # Memory policy
+//!
+//! Use `maxmemory-policy noeviction` (or a server or database of its own for the locks).
+//! Under a `volatile-*` policy (the default of several managed services) a hold, which
+//! has a ttl, can be evicted under memory pressure before its ttl ends: another client
+//! then gets the lock while the holder still counts on it. Under `allkeys-*` the fence
+//! counters can be evicted too, and tokens start again from 1. The client reads the
+//! policy when it connects (where the ACL allows `CONFIG GET`) and logs a warning for a
+//! policy that evicts. Under `noeviction` at the memory limit, acquires fail with
+//! `Unavailable` (the server refuses writes), while releases still work: the last
+//! release of a hold deletes it, which the server allows.
+//!
+//! # Time
+//!
+//! Expiry follows each server's wall clock: a server clock that steps forward ends holds
+//! early (the clock-drift allowance covers rates, not steps); keep servers on a slewing
+//! NTP. The client counts validity on its monotonic clock, which does not advance while
+//! the host is suspended: after a resume `remaining()` can be too high. A `Fixed` lease
+//! is never renewed, so a hold lost to a restart or a failover is noticed by nobody
+//! until its ttl ends: the fencing token is what protects the resource then.
+//!
 //! # Replication and failover
 //!
 //! Redis replicates asynchronously. If the master fails right after granting a lock and
@@ -94,7 +125,13 @@
 //! fencing token check in the protected resource, or use RedLock, ZooKeeper or etcd.
 //!
 //! Through Sentinel (`redis+sentinel://`), the client asks the Sentinels for the master
-//! and asks again when a command fails in a way that suggests a failover. On a Cluster
+//! and asks again when a command fails in a way that suggests a failover (a broken
+//! connection, `READONLY`, `MASTERDOWN`, `NOREPLICAS`, `LOADING`, also inside a script).
+//! An old master cut off from the Sentinels with this client on its side keeps taking
+//! writes unless it runs with `min-replicas-to-write`: then two clients can hold one lock
+//! (one on each master), with the same token. Configure `min-replicas-to-write 1` (the
+//! old master then answers `NOREPLICAS`, which sends the client to the Sentinels), and
+//! keep the fencing check in the resource. On a Cluster
 //! (`redis+cluster://`) commands are routed by slot; a lock's keys share one slot, and
 //! release messages reach subscribers on any node.
 //!

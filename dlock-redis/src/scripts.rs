@@ -277,7 +277,7 @@ impl Invocation {
 
     /// Sends the call, loading the script again if the server lost it, and once more on
     /// a fresh connection if the connection broke under it. Every script of this crate
-    /// is idempotent per request (see [`ACQUIRE`] and [`RELEASE`]), so a call the broken
+    /// is idempotent per request (each grant is recorded under its request), so a call the broken
     /// connection did deliver changes nothing the second time.
     pub async fn run<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<Value> {
         self.run_again_if_broken(conn).await.map(|(reply, _)| reply)
