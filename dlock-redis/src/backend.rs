@@ -1,6 +1,7 @@
 //! The Redis [`Backend`]: each operation is one script call on the command connection;
 //! waiters sleep on the shared pub/sub connection until a release or the holder's ttl.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,7 +15,7 @@ use crate::error::to_lock_error;
 use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::{Registration, Subscriptions};
 use crate::scripts::{
-    parse_given_back, scripts, ttl_millis, AcquireReply, HoldView, Invocation, ReleaseReply, RenewReply,
+    parse_given_back, scripts, ttl_millis, wait_replicas, AcquireReply, HoldView, Invocation, ReleaseReply, RenewReply,
 };
 
 /// What this backend can do: everything but FIFO grants and queue lengths (waiters are
@@ -35,7 +36,23 @@ pub struct RedisBackend {
     conn: RedisConnection,
     layout: KeyLayout,
     subscriptions: Subscriptions,
-    replica_ack: Option<ReplicaAck>,
+    replica_ack: Option<Acked>,
+}
+
+/// Replica acknowledgement: how many replicas, and the connections of its own that
+/// grants and renewals take (`WAIT` blocks the connection it is sent on).
+struct Acked {
+    ack: ReplicaAck,
+    conns: Vec<RedisConnection>,
+    next: AtomicUsize,
+}
+
+impl Acked {
+    /// The next connection, in turn, so that one slow `WAIT` holds up few others.
+    fn conn(&self) -> RedisConnection {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        self.conns[index].clone()
+    }
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -67,13 +84,20 @@ impl RedisHold {
 }
 
 impl RedisBackend {
-    /// A backend over an open connection.
+    /// A backend over an open connection. With a replica acknowledgement, `acked` are
+    /// the connections grants and renewals take, apart from `conn` (at least one).
     pub fn new(
         conn: RedisConnection,
         layout: KeyLayout,
         subscriptions: Subscriptions,
-        replica_ack: Option<ReplicaAck>,
+        replica_ack: Option<(ReplicaAck, Vec<RedisConnection>)>,
     ) -> Self {
+        let replica_ack = replica_ack.map(|(ack, mut conns)| {
+            if conns.is_empty() {
+                conns.push(conn.clone());
+            }
+            Acked { ack, conns, next: AtomicUsize::new(0) }
+        });
         RedisBackend { conn, layout, subscriptions, replica_ack }
     }
 
@@ -101,19 +125,19 @@ impl RedisBackend {
     /// too few replicas acknowledged is given back and fails.
     async fn acquire_once(&self, req: &Request, keys: &LockKeys, ttl_ms: u64) -> Result<AcquireReply, LockError> {
         let call = acquire_call(keys, &owner_field(&req.owner), &grant_field(&req.id), &keys.void(&req.id), ttl_ms);
-        let mut conn = self.conn.clone();
-        let Some(ack) = self.replica_ack else {
-            return AcquireReply::parse(call.run(&mut conn).await.map_err(to_lock_error)?).map_err(to_lock_error);
+        let Some(acked) = &self.replica_ack else {
+            let reply = call.run(&mut self.conn.clone()).await.map_err(to_lock_error)?;
+            return AcquireReply::parse(reply).map_err(to_lock_error);
         };
-        let (reply, acked) = call.run_acked(&mut conn, ack).await.map_err(to_lock_error)?;
-        let reply = AcquireReply::parse(reply).map_err(to_lock_error)?;
-        if let AcquireReply::Granted(token) = reply {
+        let (ack, mut conn) = (acked.ack, acked.conn());
+        let reply = AcquireReply::parse(call.run(&mut conn).await.map_err(to_lock_error)?).map_err(to_lock_error)?;
+        if let AcquireReply::Granted(_) = reply {
+            let acked = wait_replicas(&mut conn, &keys.hold, ack).await.map_err(to_lock_error)?;
             if acked < ack.replicas {
-                let _ = token;
                 if let Err(err) = self.give_back_grant(req, keys).await {
                     tracing::debug!(%err, "giving back a grant the replicas did not acknowledge failed; its ttl frees it");
                 }
-                self.conn.suspect_failover();
+                self.suspect_failover();
                 return Err(not_acknowledged(acked, ack));
             }
         }
@@ -122,6 +146,15 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
+    /// A write was not acknowledged by the replicas it should have been: through
+    /// Sentinel, every connection of the client looks the master up again.
+    fn suspect_failover(&self) {
+        self.conn.suspect_failover();
+        for conn in self.replica_ack.iter().flat_map(|acked| &acked.conns) {
+            conn.suspect_failover();
+        }
+    }
+
     /// Gives back the grant `req` may have made (and only it), and refuses a late delivery
     /// of it. Whether there was a grant to give back.
     async fn give_back_grant(&self, req: &Request, keys: &LockKeys) -> Result<bool, LockError> {
@@ -227,21 +260,21 @@ impl Backend for RedisBackend {
 
     async fn renew(&self, hold: &RedisHold, ttl: Duration) -> Result<Renewal, LockError> {
         let call = renew_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token, ttl_millis(ttl));
-        let mut conn = self.conn.clone();
-        let (reply, acked) = match self.replica_ack {
-            None => (call.run(&mut conn).await.map_err(to_lock_error)?, None),
-            Some(ack) => {
-                let (reply, acked) = call.run_acked(&mut conn, ack).await.map_err(to_lock_error)?;
-                (reply, Some((acked, ack)))
-            }
+        let mut conn = match &self.replica_ack {
+            None => self.conn.clone(),
+            Some(acked) => acked.conn(),
         };
+        let reply = call.run(&mut conn).await.map_err(to_lock_error)?;
         Ok(match RenewReply::parse(reply).map_err(to_lock_error)? {
             RenewReply::Renewed => {
                 // A renewal the replicas may not have could be lost in a failover: not
                 // a renewal the lease may count on. The scheduler retries it.
-                if let Some((acked, ack)) = acked.filter(|(acked, ack)| acked < &ack.replicas) {
-                    self.conn.suspect_failover();
-                    return Err(not_acknowledged(acked, ack));
+                if let Some(ack) = self.replica_ack.as_ref().map(|acked| acked.ack) {
+                    let acked = wait_replicas(&mut conn, &hold.keys.hold, ack).await.map_err(to_lock_error)?;
+                    if acked < ack.replicas {
+                        self.suspect_failover();
+                        return Err(not_acknowledged(acked, ack));
+                    }
                 }
                 Renewal::Renewed
             }

@@ -10,7 +10,7 @@ use crate::config::ReplicaAck;
 use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
 use crate::keys::KeyLayout;
-use crate::scripts::{ttl_millis, AcquireReply, Invocation};
+use crate::scripts::{ttl_millis, wait_replicas, AcquireReply, Invocation};
 
 /// The owner field every baseline call uses.
 const OWNER_FIELD: &str = "owner:raw-baseline";
@@ -36,13 +36,15 @@ impl RedisBaseline {
         RedisBaseline { conn, layout, replica_ack }
     }
 
-    async fn send(&self, call: &Invocation) -> Result<redis::Value, LockError> {
+    /// Sends `call`; with a replica acknowledgement, `WAIT`s for it (on the same one
+    /// connection: the baseline measures the calls, not a pool).
+    async fn send(&self, call: &Invocation, hold: &str) -> Result<redis::Value, LockError> {
         let mut conn = self.conn.clone();
-        let reply = match self.replica_ack {
-            None => call.run(&mut conn).await,
-            Some(ack) => call.run_acked(&mut conn, ack).await.map(|(reply, _)| reply),
-        };
-        reply.map_err(to_lock_error)
+        let reply = call.run(&mut conn).await.map_err(to_lock_error)?;
+        if let Some(ack) = self.replica_ack {
+            wait_replicas(&mut conn, hold, ack).await.map_err(to_lock_error)?;
+        }
+        Ok(reply)
     }
 }
 
@@ -51,10 +53,12 @@ impl RawBaseline for RedisBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
         let void = format!("{}:void:raw-baseline", keys.hold);
-        let reply = self.send(&acquire_call(&keys, OWNER_FIELD, GRANT_FIELD, &void, ttl_millis(DEFAULT_TTL))).await?;
+        let reply = self
+            .send(&acquire_call(&keys, OWNER_FIELD, GRANT_FIELD, &void, ttl_millis(DEFAULT_TTL)), &keys.hold)
+            .await?;
         match AcquireReply::parse(reply).map_err(to_lock_error)? {
             AcquireReply::Granted(token) => {
-                self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token)).await.map(drop)
+                self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token), &keys.hold).await.map(drop)
             }
             AcquireReply::Busy(_) => Err(LockError::Timeout),
         }
@@ -62,6 +66,6 @@ impl RawBaseline for RedisBaseline {
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        self.send(&renew_call(&keys, OWNER_FIELD, GRANT_FIELD, 0, ttl_millis(DEFAULT_TTL))).await.map(drop)
+        self.send(&renew_call(&keys, OWNER_FIELD, GRANT_FIELD, 0, ttl_millis(DEFAULT_TTL)), &keys.hold).await.map(drop)
     }
 }

@@ -139,6 +139,17 @@ pub(crate) struct Connected {
 /// Connects as `config` says, within its connect timeout, and loads the lock scripts.
 /// `Unavailable` when no server answers in time.
 pub(crate) async fn connect(config: &RedisConfig) -> Result<Connected, LockError> {
+    connect_and_check(config, true).await
+}
+
+/// `count` more command connections as [`connect`] opens, for the grants and renewals
+/// that wait for replicas (`WAIT` blocks its connection).
+pub(crate) async fn connect_more(config: &RedisConfig, count: usize) -> Result<Vec<RedisConnection>, LockError> {
+    let opened = futures::future::join_all((0..count).map(|_| connect_and_check(config, false))).await;
+    opened.into_iter().map(|connected| connected.map(|c| c.commands)).collect()
+}
+
+async fn connect_and_check(config: &RedisConfig, check: bool) -> Result<Connected, LockError> {
     config.validate()?;
     let ca = prepare_tls(config)?;
     let timeout = config.connect_timeout();
@@ -146,7 +157,9 @@ pub(crate) async fn connect(config: &RedisConfig) -> Result<Connected, LockError
         let connected = open(config, ca.as_deref()).await?;
         let mut commands = connected.commands.clone();
         crate::scripts::scripts().load_all(&mut commands).await?;
-        check_memory_policy(&mut commands, config).await;
+        if check {
+            check_memory_policy(&mut commands, config).await;
+        }
         Ok::<_, redis::RedisError>(connected)
     };
     match tokio::time::timeout(timeout, attempt).await {

@@ -115,9 +115,10 @@
 //! before a replica has the write, the promoted replica does not know the hold: another
 //! client can acquire the same lock, with a fence counter that may have gone back. With
 //! [`RedisConfig::with_replica_ack`] (`?wait_replicas=N&wait_timeout=100ms` in the URL)
-//! each grant and each renewal is followed, in the same pipeline on the same
-//! connection, by `WAIT N timeout`: a grant fewer than N replicas acknowledged is given
-//! back and fails with [`LockError::QuorumNotReached`](dlock_core::LockError), and an
+//! each grant and each renewal is followed by `WAIT N timeout` on the connection that
+//! sent it, one of a few the client opens for them alone (`WAIT` blocks its connection,
+//! and busy answers, releases and inspects do not wait behind it): a grant fewer than
+//! N replicas acknowledged is given back and fails with [`LockError::QuorumNotReached`](dlock_core::LockError), and an
 //! unacknowledged renewal counts as failed (the watchdog retries it until the lease
 //! runs out). This narrows the window but does not close it: `WAIT` does not make Redis
 //! strongly consistent (a replica may acknowledge and still not be the one promoted,
@@ -160,6 +161,10 @@ pub use connection::{NodeSource, RedisConnection};
 pub use keys::{KeyLayout, LockKeys};
 pub use redlock::{RedLockConfig, RedLockLocker};
 
+/// The connections of their own that grants and renewals take when they wait for
+/// replicas: `WAIT` blocks the connection it is sent on for up to its timeout.
+const ACKED_CONNECTIONS: usize = 4;
+
 /// A lock client over Redis.
 pub type RedisLocker = Client<RedisBackend>;
 
@@ -171,8 +176,12 @@ pub type RedisLocker = Client<RedisBackend>;
 pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
     let layout = KeyLayout::new(config.prefix())?;
     let connected = connection::connect(&config).await?;
+    let replica_ack = match config.replica_ack() {
+        Some(ack) => Some((ack, connection::connect_more(&config, ACKED_CONNECTIONS).await?)),
+        None => None,
+    };
     let subscriptions = pubsub::Subscriptions::start(connected.nodes, config.connect_timeout(), config.op_timeout());
-    let backend = RedisBackend::new(connected.commands, layout, subscriptions, config.replica_ack());
+    let backend = RedisBackend::new(connected.commands, layout, subscriptions, replica_ack);
     Ok(Client::with_config(backend, ClientConfig { op_timeout: config.op_timeout() }))
 }
 

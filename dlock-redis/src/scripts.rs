@@ -304,30 +304,20 @@ impl Invocation {
             other => other,
         }
     }
+}
 
-    /// Sends the call and `WAIT` in one pipeline on one connection (so that `WAIT` counts
-    /// the replicas that have this very write), returning the script's reply and how many
-    /// replicas acknowledged.
-    pub async fn run_acked<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        ack: ReplicaAck,
-    ) -> RedisResult<(Value, u32)> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors().add_command(self.cmd.clone()).cmd("WAIT").arg(ack.replicas).arg(wait_millis(ack.timeout));
-        let mut loaded = false;
-        loop {
-            let (reply, acked): (Value, Value) = pipe.query_async(conn).await?;
-            match reply {
-                Value::ServerError(err) if err.kind() == Some(ServerErrorKind::NoScript) && !loaded => {
-                    self.script.load_async(conn).await?;
-                    loaded = true;
-                }
-                Value::ServerError(err) => return Err(err.into()),
-                reply => return Ok((reply, redis::from_redis_value(acked.extract_error()?)?)),
-            }
-        }
-    }
+/// Waits until `ack.replicas` replicas have every write this connection made so far (the
+/// grant or renewal just sent on it), or `ack.timeout`; returns how many acknowledged.
+///
+/// `WAIT` blocks the connection it is sent on, so it goes on a connection of its own
+/// (never the one every lease shares), and only after a write worth acknowledging. It is
+/// pipelined behind a read of the hold's key, which routes it, on a Cluster, to the node
+/// (and the connection) that took the write.
+pub async fn wait_replicas<C: ConnectionLike + Send>(conn: &mut C, hold: &str, ack: ReplicaAck) -> RedisResult<u32> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("PTTL").arg(hold).ignore().cmd("WAIT").arg(ack.replicas).arg(wait_millis(ack.timeout));
+    let (acked,): (u32,) = pipe.query_async(conn).await?;
+    Ok(acked)
 }
 
 /// Whether the connection broke (reset, closed, refused) rather than the server

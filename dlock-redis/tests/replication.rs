@@ -119,3 +119,38 @@ async fn locks_through_sentinel_follow_a_failover() {
     drop(held);
     drop(master);
 }
+
+/// `WAIT` blocks the connection it is sent on: it must neither hold up the client's other
+/// operations nor follow an attempt that found the lock busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_replicas_holds_up_nothing_else() {
+    let (master, _replica) = tokio::task::spawn_blocking(master_and_replica).await.unwrap();
+    let base = support::client_config(master.addr());
+    // Two replicas are asked for and one exists: every WAIT lasts its whole timeout.
+    let wait = Duration::from_millis(800);
+    let demanding = dlock_redis::connect(base.clone().with_replica_ack(2, wait)).await.unwrap();
+    let plain = dlock_redis::connect(base).await.unwrap();
+    let (busy, free) = (LockName::new("acked/busy").unwrap(), LockName::new("acked/free").unwrap());
+    let held = plain.acquire(&busy, &LockOptions::new()).await.unwrap();
+
+    // A busy answer is not followed by a WAIT.
+    let started = Instant::now();
+    assert!(demanding.try_acquire(&busy, &LockOptions::new()).await.unwrap().is_none());
+    assert!(started.elapsed() < wait / 2, "a busy attempt took {:?}", started.elapsed());
+
+    // While a grant waits for replicas, the client's other operations go on.
+    let granting = {
+        let (demanding, free) = (demanding.clone(), free.clone());
+        tokio::spawn(async move { demanding.try_acquire(&free, &LockOptions::new()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    assert!(demanding.inspect(&busy).await.unwrap().holder.is_some());
+    assert!(demanding.try_acquire(&busy, &LockOptions::new()).await.unwrap().is_none());
+    assert!(started.elapsed() < wait / 2, "operations waited behind a WAIT: {:?}", started.elapsed());
+    match granting.await.unwrap() {
+        Err(LockError::QuorumNotReached { got: 1, needed: 2 }) => {}
+        other => panic!("expected QuorumNotReached {{ got: 1, needed: 2 }}, got {other:?}"),
+    }
+    held.release().await.unwrap();
+}
