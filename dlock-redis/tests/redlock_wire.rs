@@ -184,3 +184,20 @@ async fn url_settings_reach_every_node() {
     assert!(result.is_err(), "wrong credentials were accepted");
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+/// Two entries that reach one server (here a proxy in front of another entry, as two
+/// names of one host would) are refused: each would get a vote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_listed_twice_is_refused() {
+    let masters = masters(3);
+    let alias = dlock_testkit::proxy::FaultProxy::start(masters.addrs()[0]).await.expect("start a proxy");
+    let mut nodes: Vec<Node> = masters.addrs().iter().map(|a| Node::new(a.ip().to_string(), a.port())).collect();
+    nodes.push(Node::new(alias.addr().ip().to_string(), alias.addr().port()));
+    let config = support::redlock::config_for(&nodes)
+        .with_op_timeout(Duration::from_secs(8))
+        .with_node_timeout(Duration::from_secs(2));
+    match redlock::connect(config).await {
+        Err(dlock_core::LockError::InvalidInput(why)) => assert!(why.contains("one Redis server"), "{why}"),
+        other => panic!("expected InvalidInput, got {:?}", other.map(|_| "a client")),
+    }
+}

@@ -193,7 +193,8 @@ impl RedLockConfig {
             return bad("a RedLock node has an empty host or port 0".into());
         }
         // The same server twice would vote twice: two clients could then each count a
-        // "majority" that shares only that one server.
+        // "majority" that shares only that one server. This catches the same text;
+        // aliases (two names or addresses of one server) are caught at connect, by run_id.
         let mut seen = HashSet::new();
         if let Some(twice) = self.nodes.iter().find(|n| !seen.insert((n.host.to_ascii_lowercase(), n.port))) {
             return bad(format!("RedLock node {twice} is listed twice"));

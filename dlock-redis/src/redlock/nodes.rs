@@ -42,10 +42,12 @@ pub(crate) async fn connect(config: &RedLockConfig) -> Result<Nodes, LockError> 
     let mut reached = 0;
     let mut first_failure = None;
     let mut connected = Vec::with_capacity(config.nodes().len());
+    let mut answered = Vec::new();
     for (node, node_config, outcome) in futures::future::join_all(attempts).await {
         let link = match outcome {
             Ok(link) => {
                 reached += 1;
+                answered.push((node.clone(), link.commands.clone()));
                 link
             }
             Err(err) if err.is_transient() => {
@@ -57,6 +59,7 @@ pub(crate) async fn connect(config: &RedLockConfig) -> Result<Nodes, LockError> 
         };
         connected.push((node.clone(), link));
     }
+    refuse_duplicates(&answered, config.connect_timeout()).await?;
     let quorum = config.quorum();
     if reached < quorum {
         return Err(match (reached, first_failure) {
@@ -76,6 +79,39 @@ pub(crate) async fn connect(config: &RedLockConfig) -> Result<Nodes, LockError> 
             subscriptions: Subscriptions::start(link.nodes, config.connect_timeout(), config.op_timeout()),
         })
         .collect())
+}
+
+/// Refuses two entries that reach one server (two names or addresses of one host, a
+/// proxy in front of another entry): each would get a vote, and that server's crash or
+/// empty restart would cost two. Servers are told apart by the `run_id` of `INFO server`;
+/// only the nodes that answered at connect are checked, and those that do not answer
+/// `INFO` within `timeout` (or refuse it) are not.
+async fn refuse_duplicates(answered: &[(Node, RedisConnection)], timeout: Duration) -> Result<(), LockError> {
+    let ids = answered.iter().map(|(node, conn)| {
+        let mut conn = conn.clone();
+        async move {
+            let get = redis::cmd("INFO").arg("server").clone();
+            match tokio::time::timeout(timeout, get.query_async::<String>(&mut conn)).await {
+                Ok(Ok(info)) => run_id(&info).map(|id| (node, id.to_string())),
+                _ => None,
+            }
+        }
+    });
+    let mut seen: Vec<(&Node, String)> = Vec::new();
+    for (node, id) in futures::future::join_all(ids).await.into_iter().flatten() {
+        if let Some((first, _)) = seen.iter().find(|(_, other)| *other == id) {
+            return Err(LockError::InvalidInput(format!(
+                "RedLock nodes {first} and {node} are one Redis server (run_id {id}): each master must be listed once"
+            )));
+        }
+        seen.push((node, id));
+    }
+    Ok(())
+}
+
+/// The `run_id` line of an `INFO server` reply.
+fn run_id(info: &str) -> Option<&str> {
+    info.lines().find_map(|line| line.trim().strip_prefix("run_id:"))
 }
 
 /// Sends `call` to every node at once and collects the answers, until `enough` says the
