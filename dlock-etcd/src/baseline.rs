@@ -61,7 +61,7 @@ impl RawBaseline for EtcdBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
         let dir = keys::lock_dir(&self.prefix, name);
         let key = keys::request_key(&dir, self.lease, self.seq.fetch_add(1, Ordering::Relaxed));
-        let value = HoldValue::encode(1, &self.owner);
+        let value = HoldValue::new(self.owner.clone(), vec!["raw-baseline".to_string()]).encode();
         let acquire = Txn::new()
             .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(self.lease)))]);

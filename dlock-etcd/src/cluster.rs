@@ -33,6 +33,9 @@ pub(crate) struct Cluster {
     pinned: AtomicUsize,
     options: ConnectOptions,
     connect_timeout: Duration,
+    /// How long a request may stay unanswered before the next request goes to another
+    /// member (the request itself may wait longer, up to its own limit).
+    patience: Duration,
 }
 
 struct Member {
@@ -65,12 +68,17 @@ enum Failure {
 }
 
 impl Cluster {
-    pub(crate) fn new(endpoints: Vec<String>, options: ConnectOptions, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        endpoints: Vec<String>,
+        options: ConnectOptions,
+        connect_timeout: Duration,
+        patience: Duration,
+    ) -> Self {
         let members: Vec<Member> =
             endpoints.into_iter().map(|endpoint| Member { endpoint, client: tokio::sync::OnceCell::new() }).collect();
         // Clients start on different members, spreading the load as etcd's clients do.
         let first = fastrand::usize(..members.len().max(1));
-        Cluster { members, pinned: AtomicUsize::new(first), options, connect_timeout }
+        Cluster { members, pinned: AtomicUsize::new(first), options, connect_timeout, patience }
     }
 
     async fn client(&self, index: usize) -> Result<Client, Error> {
@@ -132,7 +140,18 @@ impl Cluster {
                 let client = self.client(index).await.map_err(Failure::Connect)?;
                 op(client).await.map_err(Failure::Call)
             };
-            let (err, again) = match tokio::time::timeout(remaining, attempt).await {
+            let mut attempt = std::pin::pin!(attempt);
+            // A request may wait longer than the member deserves trust: past `patience`
+            // the next requests go to another member while this one still waits for its
+            // answer (a late answer of a renewal still counts).
+            let answer = match tokio::time::timeout(remaining.min(self.patience), &mut attempt).await {
+                Err(_) if remaining > self.patience => {
+                    self.rotate(index);
+                    tokio::time::timeout(remaining - self.patience, attempt).await
+                }
+                answer => answer,
+            };
+            let (err, again) = match answer {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(Failure::Call(err))) if refused_connection(&err) => (err, Again::Refused),
                 // Connecting sent no request of ours; authenticating may have been refused.
@@ -200,14 +219,6 @@ impl Cluster {
         self.call(what, limit, Retry::Idempotent, |client| {
             let (key, options) = (key.clone(), options.clone());
             async move { client.kv_client().get(key, Some(options)).await }
-        })
-        .await
-    }
-
-    pub(crate) async fn delete(&self, limit: Duration, key: Vec<u8>) -> Result<(), LockError> {
-        self.call("delete", limit, Retry::Idempotent, |client| {
-            let key = key.clone();
-            async move { client.kv_client().delete(key, None).await.map(drop) }
         })
         .await
     }

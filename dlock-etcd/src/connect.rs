@@ -33,7 +33,7 @@ pub(crate) async fn open(config: &EtcdConfig) -> Result<Cluster, LockError> {
     if config.is_tls() {
         options = options.with_tls(tls_options(config)?);
     }
-    let cluster = Cluster::new(config.endpoints(), options, limit);
+    let cluster = Cluster::new(config.endpoints(), options, limit, config.op_timeout());
     let probe = format!("{}/", config.prefix()).into_bytes();
     cluster.get("connect", limit, probe, GetOptions::new().with_keys_only().with_limit(1)).await?;
     Ok(cluster)

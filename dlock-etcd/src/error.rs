@@ -46,7 +46,7 @@ pub(crate) fn map_err(err: Error) -> LockError {
     if is_lease_not_found(&err) {
         EtcdError::LeaseNotFound.into()
     } else if is_transient(&err) {
-        LockError::unavailable(format!("etcd: {err}"))
+        LockError::unavailable_because(format!("etcd: {err}"), err)
     } else {
         LockError::backend(err)
     }

@@ -8,7 +8,8 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use dlock_core::{LockName, OwnerId};
+use dlock_core::{FencingToken, LockName, OwnerId};
+use etcd_client::{KeyValue, TxnOpResponse, TxnResponse};
 
 use crate::error::EtcdError;
 
@@ -36,26 +37,65 @@ pub(crate) fn request_key(dir: &[u8], lease: i64, seq: u64) -> Vec<u8> {
     key
 }
 
-/// What a lock key holds: the owner and how many times it holds the lock (re-entrancy),
-/// as `"<count> <owner>"`.
+/// The key that marks a request given back, so that its put, should it land late,
+/// applies no more: `<prefix>/<encoded name>!<lease id>-<seq>`, beside the lock's range
+/// (never inside any lock's range: the encoded name holds no `/`, and the suffix none).
+pub(crate) fn given_back_key(dir: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut marker = dir.strip_suffix(b"/").unwrap_or(dir).to_vec();
+    marker.push(b'!');
+    marker.extend_from_slice(key.strip_prefix(dir).unwrap_or(key));
+    marker
+}
+
+/// What a lock key holds: the owner, and the requests that hold the lock through it (one
+/// for a plain hold, several for re-entrant ones), as `"<count> <owner>\0<id> <id>..."`.
+///
+/// Each hold is named by the request that made it, so that giving one back, or undoing
+/// an acquire whose answer was lost, removes exactly that hold however often it is sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HoldValue {
-    pub(crate) count: u32,
     pub(crate) owner: OwnerId,
+    pub(crate) holds: Vec<String>,
 }
 
 impl HoldValue {
-    pub(crate) fn encode(count: u32, owner: &OwnerId) -> Vec<u8> {
-        format!("{count} {owner}").into_bytes()
+    pub(crate) fn new(owner: OwnerId, holds: Vec<String>) -> Self {
+        HoldValue { owner, holds }
+    }
+
+    pub(crate) fn count(&self) -> u32 {
+        u32::try_from(self.holds.len()).unwrap_or(u32::MAX)
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        format!("{} {}\0{}", self.holds.len(), self.owner, self.holds.join(" ")).into_bytes()
     }
 
     pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Self, EtcdError> {
         let malformed = || EtcdError::MalformedValue { key: String::from_utf8_lossy(key).into_owned() };
         let text = std::str::from_utf8(value).map_err(|_| malformed())?;
-        let (count, owner) = text.split_once(' ').ok_or_else(malformed)?;
-        let count = count.parse().map_err(|_| malformed())?;
+        let (head, holds) = text.split_once('\0').ok_or_else(malformed)?;
+        let (count, owner) = head.split_once(' ').ok_or_else(malformed)?;
+        let count: usize = count.parse().map_err(|_| malformed())?;
         let owner = OwnerId::new(owner).map_err(|_| malformed())?;
-        Ok(HoldValue { count, owner })
+        let holds: Vec<String> = holds.split(' ').filter(|h| !h.is_empty()).map(str::to_string).collect();
+        if holds.len() != count || count == 0 {
+            return Err(malformed());
+        }
+        Ok(HoldValue { owner, holds })
+    }
+}
+
+/// The fencing token of a key of this create revision.
+pub(crate) fn token_of(revision: i64) -> FencingToken {
+    FencingToken::new(u64::try_from(revision).unwrap_or(0))
+}
+
+/// The first key the `op`-th read of a transaction found.
+pub(crate) fn first_kv(resp: &TxnResponse, op: usize) -> Option<KeyValue> {
+    match resp.op_responses().into_iter().nth(op) {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
+        _ => None,
     }
 }
 
@@ -81,12 +121,24 @@ mod tests {
     #[test]
     fn values_round_trip() {
         let owner = OwnerId::new("job 7: nightly").unwrap();
-        let value = HoldValue::encode(3, &owner);
-        assert_eq!(value, b"3 job 7: nightly");
-        assert_eq!(HoldValue::decode(b"k", &value).unwrap(), HoldValue { count: 3, owner });
-        for bad in [&b""[..], b"3", b"x owner", b"3 ", b"\xff owner"] {
+        let value = HoldValue::new(owner.clone(), vec!["c:1".into(), "c:2".into()]);
+        assert_eq!(value.encode(), b"2 job 7: nightly\0c:1 c:2");
+        assert_eq!(HoldValue::decode(b"k", &value.encode()).unwrap(), value);
+        assert_eq!(value.count(), 2);
+        for bad in [&b""[..], b"3", b"x owner\0a", b"1 \0a", b"\xff owner\0a", b"2 owner\0a", b"0 owner\0", b"1 owner"]
+        {
             assert!(HoldValue::decode(b"k", bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn given_back_markers_stay_outside_every_range() {
+        let dir = lock_dir("p", &LockName::new("a").unwrap());
+        let key = request_key(&dir, 0x1f, 2);
+        let marker = given_back_key(&dir, &key);
+        assert_eq!(marker, b"p/a!1f-2");
+        assert!(!marker.starts_with(&dir));
+        assert!(!marker.starts_with(&lock_dir("p", &LockName::new("a!1f-2").unwrap())));
     }
 
     #[test]

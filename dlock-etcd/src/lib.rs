@@ -90,7 +90,7 @@ mod connect;
 mod error;
 mod fence;
 mod keys;
-mod queue;
+mod lock;
 mod registry;
 mod session;
 
@@ -102,7 +102,7 @@ pub use config::EtcdConfig;
 pub use error::EtcdError;
 pub use fence::guard;
 pub use keys::lock_dir;
-pub use queue::EtcdTicket;
+pub use lock::EtcdTicket;
 pub use registry::EtcdHold;
 
 /// A lock client over etcd.

@@ -2,12 +2,13 @@
 //! guarded-transaction helper, and to tell holds their lease is gone.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use dlock_core::backend::LostSignal;
+use dlock_core::backend::{lock_unpoisoned, LostSignal};
 use dlock_core::OwnerId;
 
+use crate::keys::HoldValue;
 use crate::session::Session;
 
 /// One lock key this client holds, shared by every re-entrant hold of it.
@@ -18,41 +19,70 @@ pub(crate) struct KeyState {
     /// The key's create revision: the fencing token.
     pub(crate) token: i64,
     pub(crate) owner: OwnerId,
-    /// The lease the key is on now (a renewal asking for a longer ttl moves it).
+    /// The lease the key is on now (a re-entry or renewal asking for a longer ttl moves it).
     session: Mutex<Arc<Session>>,
-    /// The hold count as this client last saw it on the server.
-    count: AtomicU32,
+    /// Leases the key may have moved to by a request whose answer was lost: kept (never
+    /// revoked) while the key lives, and adopted when a read finds the key on one.
+    spares: Mutex<Vec<Arc<Session>>>,
+    /// The key's value as this client last saw it on the server.
+    value: Mutex<HoldValue>,
     /// The key is known to be deleted.
     gone: AtomicBool,
 }
 
 impl KeyState {
-    pub(crate) fn new(dir: Vec<u8>, key: Vec<u8>, token: i64, owner: OwnerId, session: Arc<Session>) -> Arc<Self> {
+    pub(crate) fn new(dir: Vec<u8>, key: Vec<u8>, token: i64, value: HoldValue, session: Arc<Session>) -> Arc<Self> {
         Arc::new(KeyState {
             dir,
             key,
             token,
-            owner,
+            owner: value.owner.clone(),
             session: Mutex::new(session),
-            count: AtomicU32::new(1),
+            spares: Mutex::new(Vec::new()),
+            value: Mutex::new(value),
             gone: AtomicBool::new(false),
         })
     }
 
     pub(crate) fn session(&self) -> Arc<Session> {
-        self.session.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock_unpoisoned(&self.session).clone()
     }
 
+    /// The key is on this lease now (confirmed by the server).
     pub(crate) fn set_session(&self, session: Arc<Session>) {
-        *self.session.lock().unwrap_or_else(|p| p.into_inner()) = session;
+        let old = std::mem::replace(&mut *lock_unpoisoned(&self.session), session.clone());
+        let mut spares = lock_unpoisoned(&self.spares);
+        spares.retain(|s| s.id() != session.id());
+        // The lease it left may still be where a lost request put it back: keep it
+        // while unsure (it is dropped with the key).
+        if old.id() != session.id() && !spares.iter().any(|s| s.id() == old.id()) {
+            spares.push(old);
+        }
     }
 
-    pub(crate) fn count(&self) -> u32 {
-        self.count.load(Ordering::SeqCst)
+    /// The key may have moved to `session` (a request whose answer was lost).
+    pub(crate) fn add_spare(&self, session: Arc<Session>) {
+        let mut spares = lock_unpoisoned(&self.spares);
+        if self.session().id() != session.id() && !spares.iter().any(|s| s.id() == session.id()) {
+            spares.push(session);
+        }
     }
 
-    pub(crate) fn set_count(&self, count: u32) {
-        self.count.store(count, Ordering::SeqCst);
+    /// The lease of this id the key may be on.
+    pub(crate) fn known_lease(&self, lease: i64) -> Option<Arc<Session>> {
+        let current = self.session();
+        if current.id() == lease {
+            return Some(current);
+        }
+        lock_unpoisoned(&self.spares).iter().find(|s| s.id() == lease).cloned()
+    }
+
+    pub(crate) fn value(&self) -> HoldValue {
+        lock_unpoisoned(&self.value).clone()
+    }
+
+    pub(crate) fn set_value(&self, value: HoldValue) {
+        *lock_unpoisoned(&self.value) = value;
     }
 
     pub(crate) fn is_gone(&self) -> bool {
@@ -74,18 +104,25 @@ pub struct EtcdHold {
 #[derive(Debug)]
 pub(crate) struct HoldInner {
     pub(crate) key: Arc<KeyState>,
+    /// The request that made this hold, as named in the key's value.
+    pub(crate) id: String,
     /// Set by whoever gives this hold back first (a release, a drop, the sweep of a lost
     /// hold), so that it is given back once.
     released: AtomicBool,
 }
 
 impl EtcdHold {
-    pub(crate) fn new(key: Arc<KeyState>) -> Self {
-        EtcdHold { inner: Arc::new(HoldInner { key, released: AtomicBool::new(false) }) }
+    pub(crate) fn new(key: Arc<KeyState>, id: String) -> Self {
+        EtcdHold { inner: Arc::new(HoldInner { key, id, released: AtomicBool::new(false) }) }
     }
 
     pub(crate) fn key(&self) -> &Arc<KeyState> {
         &self.inner.key
+    }
+
+    /// The request that made this hold.
+    pub(crate) fn id(&self) -> &str {
+        &self.inner.id
     }
 
     /// Marks the hold given back; false if it already was.
@@ -130,11 +167,11 @@ impl<K, V> Default for Tracked<K, V> {
 
 impl Registry {
     fn keys(&self) -> MutexGuard<'_, Tracked<Vec<u8>, Weak<KeyState>>> {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+        lock_unpoisoned(&self.keys)
     }
 
     fn holds(&self) -> MutexGuard<'_, Vec<(Weak<HoldInner>, LostSignal)>> {
-        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+        lock_unpoisoned(&self.holds)
     }
 
     pub(crate) fn insert_key(&self, key: &Arc<KeyState>) {
@@ -176,7 +213,7 @@ impl Registry {
     /// Remembers a granted hold and its lost signal.
     pub(crate) fn watch(&self, hold: &EtcdHold, signal: LostSignal) {
         let mut holds = self.holds();
-        let mut last = self.holds_at_last_prune.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = lock_unpoisoned(&self.holds_at_last_prune);
         if holds.len() >= (*last * 2).max(64) {
             holds.retain(|(h, s)| h.strong_count() > 0 && !s.is_closed());
             *last = holds.len();

@@ -6,44 +6,43 @@
 //! which nobody keeps alive.
 //!
 //! Sessions are kept alive on demand. Whoever needs the lease to last `need` from an
-//! instant `since` (an acquire that is about to grant, a renewal, a waiter keeping its
-//! place) sends a probe; one task per session answers the probes in rounds, each with one
-//! keepalive sent after every probe of the round was made (so it extends the lease to at
-//! least `since + ttl` for each) and the ownership checks of the renewals among them. A
-//! keepalive is skipped when the last one already covers every probe. A renewal waits a
-//! little (a 30th of the ttl) for others to share its round, as renewals of locks taken
-//! at different moments come due at different moments; an acquire or a waiter never
-//! waits. The checks of a large round are one listing of the lease's keys, of a small one
-//! a transaction of reads. Renewing a thousand locks of one ttl thus costs a few rounds
-//! of two requests each per renewal period, not a thousand round trips.
+//! instant `since` (an acquire that is about to grant, the renewals the scheduler found
+//! due together, a waiter keeping its place) asks for it; a keepalive already on its way
+//! that was sent after `since` serves every such request, otherwise a new one is sent at
+//! once, beside any that hangs. A keepalive is skipped when the last one already covers
+//! the need. The ownership checks of renewals due together are one listing of the
+//! lease's keys, or a transaction of reads: renewing a thousand locks of one ttl costs
+//! about one keepalive and one check per renewal period, not a thousand round trips.
 //!
-//! A session that may hold a key nobody tracks (a put whose answer was lost, a delete
-//! that failed) is retired: it takes no new requests, lives only as long as the holds and
-//! waiters already on it, and is revoked when the last of them lets go. Any session is
-//! revoked when nothing uses it any more.
+//! Keepalives and checks are not cut short by a timeout of the session's own: a late
+//! answer still proves the lease lived from its send time, and the callers bound their
+//! wait (an acquire by the operation timeout, a renewal by the lease's validity).
+//!
+//! A session that may hold a key nobody tracks (a delete that failed) is retired: it takes
+//! no new requests, lives only as long as the holds and waiters already on it, and is
+//! revoked when the last of them lets go. Any session is revoked when nothing uses it
+//! any more.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use dlock_core::backend::lock_unpoisoned;
 use dlock_core::LockError;
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
-use tokio::sync::{mpsc, oneshot};
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
 
 use crate::cluster::Cluster;
 use crate::error::EtcdError;
 
 /// Range operations per checking transaction (etcd allows 128 by default).
 const CHECKS_PER_TXN: usize = 100;
-/// The longest a renewal waits for others to share its round.
-const GATHER_MAX: Duration = Duration::from_millis(100);
 
-/// What a session tells the rest of the backend after its rounds.
+/// What a session tells the rest of the backend.
 pub(crate) trait SessionEvents: Send + Sync {
     /// The server says the lease no longer exists: every hold on it is gone.
     fn lease_gone(&self, lease: i64);
-    /// A round finished; a moment to tidy up.
-    fn round_done(&self);
 }
 
 /// A renewal's ownership check: the key still exists with the token as create revision.
@@ -53,23 +52,18 @@ pub(crate) struct Check {
     pub(crate) token: i64,
 }
 
-/// The answer to a probe.
+/// What a check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Probe {
-    /// The lease is gone (expired or revoked), and every key on it with it.
-    LeaseGone,
-    /// The lease lasts at least `need` from `since`; `held` answers the check, if any.
-    Alive { held: Option<bool> },
+pub(crate) enum Found {
+    /// The key exists, on this lease (0: none).
+    On(i64),
+    /// The key is gone.
+    Gone,
 }
 
-struct Request {
-    since: Instant,
-    need: Duration,
-    check: Option<Check>,
-    reply: oneshot::Sender<Result<Probe, LockError>>,
-}
+/// A keepalive on its way, shared by everyone it serves.
+type Keepalive = Shared<BoxFuture<'static, Result<bool, Arc<LockError>>>>;
 
-#[derive(Debug)]
 struct State {
     /// A keepalive (or the grant) sent at this instant succeeded: the lease lasts at
     /// least the ttl from then.
@@ -78,6 +72,8 @@ struct State {
     gone: bool,
     /// No new request may use the lease (a key of ours may be on it untracked).
     retired: bool,
+    /// The latest keepalive sent, while its answer is out.
+    pending: Option<(Instant, Keepalive)>,
 }
 
 /// One etcd lease of this client.
@@ -85,16 +81,16 @@ pub(crate) struct Session {
     id: i64,
     ttl: Duration,
     private: bool,
-    state: Arc<Mutex<State>>,
-    requests: mpsc::UnboundedSender<Request>,
+    state: Mutex<State>,
     cluster: Arc<Cluster>,
     op_timeout: Duration,
-    /// Where a shared session is kept, and under which ttl.
-    home: Option<(Weak<SessionMap>, i64)>,
+    events: Weak<dyn SessionEvents>,
+    /// Where a shared session is kept.
+    home: Option<Weak<Slot>>,
 }
 
-/// The shared sessions of a client, by ttl in whole seconds.
-type SessionMap = tokio::sync::Mutex<HashMap<i64, Arc<Session>>>;
+/// The place of one ttl's shared session in a client's map.
+type Slot = tokio::sync::Mutex<Option<Arc<Session>>>;
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,45 +99,6 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    fn start(sessions: &Sessions, id: i64, ttl: Duration, granted: Instant, home: Option<i64>) -> Arc<Self> {
-        let state = Arc::new(Mutex::new(State { last_sent: granted, gone: false, retired: false }));
-        let (requests, rx) = mpsc::unbounded_channel();
-        let (cluster, op_timeout) = (sessions.cluster.clone(), sessions.op_timeout);
-        let rounds = Rounds {
-            id,
-            ttl,
-            state: state.clone(),
-            cluster: cluster.clone(),
-            op_timeout,
-            events: sessions.events.clone(),
-        };
-        tokio::spawn(rounds.run(rx));
-        Arc::new(Session {
-            id,
-            ttl,
-            private: home.is_none(),
-            state,
-            requests,
-            cluster,
-            op_timeout,
-            home: home.map(|ttl| (Arc::downgrade(&sessions.shared), ttl)),
-        })
-    }
-
-    /// Takes a shared session out of its client's map, so that it lives only as long as
-    /// the holds and waiters already on it (and is revoked when they let go).
-    fn leave_home(&self) {
-        let Some((map, key)) = &self.home else { return };
-        let (Some(map), Ok(runtime)) = (map.upgrade(), tokio::runtime::Handle::try_current()) else { return };
-        let (key, id) = (*key, self.id);
-        runtime.spawn(async move {
-            let mut map = map.lock().await;
-            if map.get(&key).is_some_and(|s| s.id == id) {
-                map.remove(&key);
-            }
-        });
-    }
-
     /// The lease id.
     pub(crate) fn id(&self) -> i64 {
         self.id
@@ -157,8 +114,8 @@ impl Session {
         self.private
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock_unpoisoned(&self.state)
     }
 
     /// Whether the server said the lease is gone.
@@ -183,25 +140,44 @@ impl Session {
         !state.gone && !state.retired && now + Duration::from_millis(50) < state.last_sent + self.ttl
     }
 
-    /// Takes the lease out of service for new requests: a key of ours may be on it that
-    /// nobody tracks (a put whose reply was lost, a delete that failed), and it must not be
-    /// kept alive longer than the holds already on it need.
-    pub(crate) fn retire(&self) {
-        let newly = {
-            let mut state = self.state();
-            !std::mem::replace(&mut state.retired, true)
+    /// Takes a shared session out of its client's map, so that it lives only as long as
+    /// the holds and waiters already on it (and is revoked when they let go).
+    fn leave_home(&self) {
+        let Some(slot) = self.home.as_ref().and_then(Weak::upgrade) else { return };
+        let id = self.id;
+        let clear = move |slot: &mut Option<Arc<Session>>| {
+            if slot.as_ref().is_some_and(|s| s.id == id) {
+                *slot = None;
+            }
         };
+        if let Ok(mut guard) = slot.try_lock() {
+            clear(&mut guard);
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move { clear(&mut *slot.lock().await) });
+    }
+
+    /// Takes the lease out of service for new requests: a key of ours may be on it that
+    /// nobody tracks (a delete that failed), and it must not be kept alive longer than
+    /// the holds already on it need.
+    pub(crate) fn retire(&self) {
+        let newly = !std::mem::replace(&mut self.state().retired, true);
         if newly {
             tracing::debug!(lease = %format_args!("{:x}", self.id), "lease retired");
             self.leave_home();
         }
     }
 
-    /// Records that the server says the lease is gone.
+    /// Records that the server says the lease is gone, and tells the holds on it.
     pub(crate) fn mark_gone(&self) {
         let newly = !std::mem::replace(&mut self.state().gone, true);
         if newly {
+            tracing::debug!(lease = %format_args!("{:x}", self.id), "the lease is gone");
             self.leave_home();
+            if let Some(events) = self.events.upgrade() {
+                events.lease_gone(self.id);
+            }
         }
     }
 
@@ -217,191 +193,115 @@ impl Session {
                 return Ok(true);
             }
         }
-        Ok(self.probe(since, need, None).await? != Probe::LeaseGone)
+        self.keep_alive_after(since).await
     }
 
-    /// Keeps the lease alive for `need` from `since` and checks that the key still holds.
-    pub(crate) async fn renew(&self, since: Instant, need: Duration, check: Check) -> Result<Probe, LockError> {
-        self.probe(since, need, Some(check)).await
-    }
-
-    async fn probe(&self, since: Instant, need: Duration, check: Option<Check>) -> Result<Probe, LockError> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request { since, need, check, reply })
-            .map_err(|_| LockError::backend(EtcdError::Protocol("the session's round task ended")))?;
-        answer.await.map_err(|_| LockError::backend(EtcdError::Protocol("the session's round task ended")))?
-    }
-}
-
-impl Drop for Session {
-    /// Revokes the lease once nothing uses it: its keys (waiters that gave up, keys whose
-    /// delete failed) go at once instead of at expiry.
-    fn drop(&mut self) {
-        if self.state().gone {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (cluster, id, limit) = (self.cluster.clone(), self.id, self.op_timeout);
-        runtime.spawn(async move {
-            if let Err(err) = cluster.revoke(limit, id).await {
-                tracing::debug!(lease = %format_args!("{id:x}"), %err, "revoking an unused lease failed; it expires on its own");
+    /// A keepalive sent no sooner than `since`: the one on its way if it was, else a new
+    /// one (beside any that hangs). `Ok(false)` when the lease is gone.
+    async fn keep_alive_after(&self, since: Instant) -> Result<bool, LockError> {
+        let (sent, keepalive) = {
+            let mut state = self.state();
+            if state.gone {
+                return Ok(false);
             }
-        });
-    }
-}
-
-/// The task that answers one session's probes in rounds.
-struct Rounds {
-    id: i64,
-    ttl: Duration,
-    state: Arc<Mutex<State>>,
-    cluster: Arc<Cluster>,
-    op_timeout: Duration,
-    events: Weak<dyn SessionEvents>,
-}
-
-impl Rounds {
-    async fn run(self, mut rx: mpsc::UnboundedReceiver<Request>) {
-        // Renewals of locks acquired at different moments come due at different moments;
-        // waiting a little for the others lets one round serve them all. The wait costs
-        // nothing in safety (validity counts from before it) and little in slack (a 30th
-        // of the ttl, at most a tenth of the operation timeout).
-        let gather = (self.ttl / 30).min(self.op_timeout / 10).min(GATHER_MAX);
-        while let Some(first) = rx.recv().await {
-            let mut batch = vec![first];
-            if batch[0].check.is_some() {
-                let until = tokio::time::Instant::now() + gather;
-                while let Ok(Some(more)) = tokio::time::timeout_at(until, rx.recv()).await {
-                    // An acquire or a waiter is waiting for this round: send it now.
-                    let urgent = more.check.is_none();
-                    batch.push(more);
-                    if urgent {
-                        break;
-                    }
+            match &state.pending {
+                Some((sent, keepalive)) if *sent >= since => (*sent, keepalive.clone()),
+                _ => {
+                    let sent = Instant::now();
+                    let (cluster, id) = (self.cluster.clone(), self.id);
+                    // A keepalive answered after the ttl proves nothing: that is its bound.
+                    let limit = self.ttl;
+                    let keepalive =
+                        async move { cluster.keep_alive(limit, id).await.map_err(Arc::new) }.boxed().shared();
+                    state.pending = Some((sent, keepalive.clone()));
+                    (sent, keepalive)
                 }
-            }
-            while let Ok(more) = rx.try_recv() {
-                batch.push(more);
-            }
-            batch.retain(|r| !r.reply.is_closed());
-            if batch.is_empty() {
-                continue;
-            }
-            self.round(batch).await;
-            if let Some(events) = self.events.upgrade() {
-                events.round_done();
-            }
-        }
-    }
-
-    async fn round(&self, batch: Vec<Request>) {
-        let (gone, last_sent) = {
-            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            (state.gone, state.last_sent)
-        };
-        if gone {
-            for r in batch {
-                let _ = r.reply.send(Ok(Probe::LeaseGone));
-            }
-            return;
-        }
-        let keepalive = batch.iter().any(|r| last_sent + self.ttl < r.since + r.need);
-        let checks: Vec<&Check> = batch.iter().filter_map(|r| r.check.as_ref()).collect();
-        let sent = Instant::now();
-        let outcome = tokio::time::timeout(self.op_timeout, async {
-            let alive = async {
-                if keepalive {
-                    self.keep_alive().await.map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
-            futures::join!(alive, self.check(&checks))
-        })
-        .await;
-        let (alive, held) = match outcome {
-            Ok(both) => both,
-            Err(_) => {
-                let err =
-                    || LockError::unavailable(format!("etcd keepalive did not complete within {:?}", self.op_timeout));
-                for r in batch {
-                    let _ = r.reply.send(Err(err()));
-                }
-                return;
             }
         };
-        match alive {
-            Ok(Some(false)) => {
-                self.state.lock().unwrap_or_else(|p| p.into_inner()).gone = true;
-                tracing::debug!(lease = %format_args!("{:x}", self.id), "the lease is gone");
-                if let Some(events) = self.events.upgrade() {
-                    events.lease_gone(self.id);
-                }
-                for r in batch {
-                    let _ = r.reply.send(Ok(Probe::LeaseGone));
-                }
+        let answer = keepalive.await;
+        {
+            let mut state = self.state();
+            if state.pending.as_ref().is_some_and(|(at, _)| *at == sent) {
+                state.pending = None;
             }
-            Ok(confirmed) => {
-                if confirmed.is_some() {
-                    let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                    state.last_sent = state.last_sent.max(sent);
-                }
-                let mut held = held.map(|v| v.into_iter());
-                for r in batch {
-                    let answer = match (&r.check, &mut held) {
-                        (None, _) => Ok(Probe::Alive { held: None }),
-                        (Some(_), Ok(results)) => match results.next() {
-                            Some(h) => Ok(Probe::Alive { held: Some(h) }),
-                            None => Err(LockError::backend(EtcdError::Protocol("a check transaction lost a result"))),
-                        },
-                        (Some(_), Err(err)) => Err(clone_err(err)),
-                    };
-                    let _ = r.reply.send(answer);
-                }
+            if matches!(answer, Ok(true)) {
+                state.last_sent = state.last_sent.max(sent);
             }
+        }
+        match answer {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                self.mark_gone();
+                Ok(false)
+            }
+            Err(err) => Err(unshare(&err)),
+        }
+    }
+
+    /// Keeps the lease alive for `need` from `since` and finds each checked key: the
+    /// renewals of holds on this lease that are due together. `None` when the lease is
+    /// gone (with every key on it).
+    pub(crate) async fn renew_many(
+        &self,
+        since: Instant,
+        need: Duration,
+        checks: &[Check],
+    ) -> Result<Option<Vec<Found>>, LockError> {
+        let (alive, found) = futures::join!(self.ensure(since, need), self.check(checks));
+        if !alive? {
+            return Ok(None);
+        }
+        found.map(Some)
+    }
+
+    /// Where each key is now. Many checks are answered by one request for the keys
+    /// attached to the lease (request keys are never reused, so a key attached under its
+    /// name is the one granted); a few, or keys the listing does not show on this lease,
+    /// by transactions of up to [`CHECKS_PER_TXN`] reads.
+    async fn check(&self, checks: &[Check]) -> Result<Vec<Found>, LockError> {
+        if checks.len() <= CHECKS_PER_TXN {
+            return self.read_keys(checks).await;
+        }
+        let attached: HashSet<Vec<u8>> = match self.cluster.lease_keys(self.ttl, self.id).await {
+            Ok(Some(keys)) => keys.into_iter().collect(),
+            // The keepalive sent along says so too.
+            Ok(None) => HashSet::new(),
+            Err(err) if err.is_transient() => return Err(err),
             Err(err) => {
-                for r in batch {
-                    let _ = r.reply.send(Err(clone_err(&err)));
-                }
+                tracing::debug!(%err, "listing the lease's keys failed; reading them one by one");
+                return self.read_keys(checks).await;
+            }
+        };
+        let mut found: Vec<Option<Found>> =
+            checks.iter().map(|c| attached.contains(&c.key).then_some(Found::On(self.id))).collect();
+        // A key missing from the listing may have moved to another lease (an extension).
+        let missing: Vec<Check> =
+            checks.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(c, _)| c.clone()).collect();
+        if !missing.is_empty() {
+            let mut read = self.read_keys(&missing).await?.into_iter();
+            for slot in found.iter_mut().filter(|f| f.is_none()) {
+                *slot = read.next();
             }
         }
+        Ok(found.into_iter().map(|f| f.unwrap_or(Found::Gone)).collect())
     }
 
-    /// One keepalive: `Ok(false)` when the lease is gone.
-    async fn keep_alive(&self) -> Result<bool, LockError> {
-        self.cluster.keep_alive(self.op_timeout, self.id).await
-    }
-
-    /// Whether each key still exists with its token. Many checks are answered by one
-    /// request for the keys attached to the lease (request keys are never reused, so a
-    /// key attached under its name is the one granted); a few, or a lease with more keys
-    /// than one answer carries, by transactions of up to [`CHECKS_PER_TXN`] reads.
-    async fn check(&self, checks: &[&Check]) -> Result<Vec<bool>, LockError> {
-        if checks.len() > CHECKS_PER_TXN {
-            match self.cluster.lease_keys(self.op_timeout, self.id).await {
-                Ok(Some(keys)) => {
-                    let attached: HashSet<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-                    return Ok(checks.iter().map(|c| attached.contains(c.key.as_slice())).collect());
-                }
-                // The keepalive sent along says so too, and answers every probe.
-                Ok(None) => return Ok(vec![false; checks.len()]),
-                Err(err) if err.is_transient() => return Err(err),
-                Err(err) => tracing::debug!(%err, "listing the lease's keys failed; reading them one by one"),
-            }
-        }
+    async fn read_keys(&self, checks: &[Check]) -> Result<Vec<Found>, LockError> {
         let txns = checks.chunks(CHECKS_PER_TXN).map(|chunk| {
             let ops: Vec<TxnOp> =
                 chunk.iter().map(|c| TxnOp::get(c.key.clone(), Some(GetOptions::new().with_keys_only()))).collect();
             async move {
-                let resp = self.cluster.read("renewal check", self.op_timeout, Txn::new().and_then(ops)).await?;
+                let resp = self.cluster.read("renewal check", self.ttl, Txn::new().and_then(ops)).await?;
                 let found = resp
                     .op_responses()
                     .into_iter()
                     .zip(chunk)
                     .map(|(op, c)| match op {
-                        TxnOpResponse::Get(get) => get.kvs().first().is_some_and(|kv| kv.create_revision() == c.token),
-                        _ => false,
+                        TxnOpResponse::Get(get) => match get.kvs().first() {
+                            Some(kv) if kv.create_revision() == c.token => Found::On(kv.lease()),
+                            _ => Found::Gone,
+                        },
+                        _ => Found::Gone,
                     })
                     .collect::<Vec<_>>();
                 if found.len() == chunk.len() {
@@ -416,11 +316,44 @@ impl Rounds {
     }
 }
 
-/// `LockError` is not `Clone`; a round's one failure is told to each of its probes.
-fn clone_err(err: &LockError) -> LockError {
-    match err {
-        LockError::Unavailable { what, .. } => LockError::unavailable(what.clone()),
+impl Drop for Session {
+    /// Revokes the lease once nothing uses it: its keys (waiters that gave up, keys whose
+    /// delete failed) go at once instead of at expiry.
+    fn drop(&mut self) {
+        if lock_unpoisoned(&self.state).gone {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (cluster, id, limit) = (self.cluster.clone(), self.id, self.op_timeout);
+        runtime.spawn(async move {
+            if let Err(err) = cluster.revoke(limit, id).await {
+                tracing::debug!(lease = %format_args!("{id:x}"), %err, "revoking an unused lease failed; it expires on its own");
+            }
+        });
+    }
+}
+
+/// A shared failure, told to each of the requests it served (`LockError` is not `Clone`).
+fn unshare(err: &Arc<LockError>) -> LockError {
+    match &**err {
+        LockError::Unavailable { what, .. } => LockError::unavailable_because(what.clone(), SharedError(err.clone())),
         other => LockError::backend(EtcdError::Round(other.to_string())),
+    }
+}
+
+/// A failure shared by several requests, kept as their source.
+#[derive(Debug)]
+struct SharedError(Arc<LockError>);
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&*self.0)
     }
 }
 
@@ -429,26 +362,30 @@ pub(crate) struct Sessions {
     cluster: Arc<Cluster>,
     op_timeout: Duration,
     events: Weak<dyn SessionEvents>,
-    shared: Arc<SessionMap>,
+    /// One slot per ttl, so that a slow grant for one ttl holds up no other.
+    slots: Mutex<HashMap<i64, Arc<Slot>>>,
 }
 
 impl Sessions {
     pub(crate) fn new(cluster: Arc<Cluster>, op_timeout: Duration, events: Weak<dyn SessionEvents>) -> Self {
-        Sessions { cluster, op_timeout, events, shared: Arc::new(tokio::sync::Mutex::new(HashMap::new())) }
+        Sessions { cluster, op_timeout, events, slots: Mutex::new(HashMap::new()) }
     }
 
     /// The shared session of this ttl, granting its lease if there is none in service.
     pub(crate) async fn shared(&self, ttl_secs: i64) -> Result<Arc<Session>, LockError> {
-        let mut map = self.shared.lock().await;
-        if let Some(session) = map.get(&ttl_secs) {
+        let slot = lock_unpoisoned(&self.slots).entry(ttl_secs).or_default().clone();
+        let mut current = slot.lock().await;
+        if let Some(session) = current.as_ref() {
             if session.usable(Instant::now()) {
                 return Ok(session.clone());
             }
         }
-        let session = self.grant(ttl_secs, Some(ttl_secs)).await?;
+        let session = self.grant(ttl_secs, Some(&slot)).await?;
         // The replaced session stays alive for whatever still uses it, and is revoked
-        // when the last of them lets go.
-        map.insert(ttl_secs, session.clone());
+        // when the last of them lets go (not here, under the slot's lock).
+        let replaced = current.replace(session.clone());
+        drop(current);
+        drop(replaced);
         Ok(session)
     }
 
@@ -457,8 +394,8 @@ impl Sessions {
         self.grant(ttl_secs, None).await
     }
 
-    /// Grants a lease: for the map under `home`, or private.
-    async fn grant(&self, ttl_secs: i64, home: Option<i64>) -> Result<Arc<Session>, LockError> {
+    /// Grants a lease: for a slot of the map, or private.
+    async fn grant(&self, ttl_secs: i64, home: Option<&Arc<Slot>>) -> Result<Arc<Session>, LockError> {
         let sent = Instant::now();
         let resp = self.cluster.grant(self.op_timeout, ttl_secs).await?;
         // The server may raise a short ttl to its minimum; a shorter one would break the
@@ -470,7 +407,16 @@ impl Sessions {
         }
         let ttl = Duration::from_secs(u64::try_from(granted).unwrap_or(u64::MAX));
         tracing::debug!(lease = %format_args!("{:x}", resp.id()), ?ttl, shared = home.is_some(), "lease granted");
-        Ok(Session::start(self, resp.id(), ttl, sent, home))
+        Ok(Arc::new(Session {
+            id: resp.id(),
+            ttl,
+            private: home.is_none(),
+            state: Mutex::new(State { last_sent: sent, gone: false, retired: false, pending: None }),
+            cluster: self.cluster.clone(),
+            op_timeout: self.op_timeout,
+            events: self.events.clone(),
+            home: home.map(Arc::downgrade),
+        }))
     }
 }
 
@@ -484,7 +430,6 @@ mod tests {
 
     impl SessionEvents for Quiet {
         fn lease_gone(&self, _lease: i64) {}
-        fn round_done(&self) {}
     }
 
     /// The sum of a gRPC server counter over every label set of one method.
@@ -498,13 +443,13 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn renewals_due_together_share_one_round() {
+    async fn renewals_due_together_take_one_keepalive_and_one_listing() {
         let mut server = tokio::task::spawn_blocking(|| EtcdServer::start(&EtcdConfig::default()))
             .await
             .expect("spawn_blocking")
             .expect("start etcd");
         let limit = Duration::from_secs(2);
-        let cluster = Arc::new(Cluster::new(vec![server.endpoint()], ConnectOptions::new(), limit));
+        let cluster = Arc::new(Cluster::new(vec![server.endpoint()], ConnectOptions::new(), limit, limit));
         let events: Arc<dyn SessionEvents> = Arc::new(Quiet);
         let sessions = Sessions::new(cluster.clone(), limit, Arc::downgrade(&events));
         let ttl = Duration::from_secs(60);
@@ -523,17 +468,19 @@ mod tests {
             checks.extend(keys.into_iter().map(|key| Check { key, token: revision }));
         }
         // One key is gone, as if an operator deleted it.
-        cluster.delete(limit, checks[7].key.clone()).await.expect("delete");
+        cluster
+            .txn("delete", limit, Txn::new().and_then([TxnOp::delete(checks[7].key.clone(), None)]))
+            .await
+            .expect("delete");
 
         let before = server.member().metrics().expect("metrics");
         let since = Instant::now();
-        let answers =
-            futures::future::join_all(checks.iter().map(|check| session.renew(since, ttl, check.clone()))).await;
+        let answers = session.renew_many(since, ttl, &checks).await.expect("renewal").expect("the lease lives");
         let after = server.member().metrics().expect("metrics");
 
         for (i, answer) in answers.into_iter().enumerate() {
-            let expected = Probe::Alive { held: Some(i != 7) };
-            assert_eq!(answer.expect("renewal"), expected, "hold {i}");
+            let expected = if i == 7 { Found::Gone } else { Found::On(session.id()) };
+            assert_eq!(answer, expected, "hold {i}");
         }
         let keepalives = counter(&after, "grpc_server_msg_received_total", "LeaseKeepAlive")
             - counter(&before, "grpc_server_msg_received_total", "LeaseKeepAlive");
@@ -542,7 +489,8 @@ mod tests {
         let listings = counter(&after, "grpc_server_started_total", "LeaseTimeToLive")
             - counter(&before, "grpc_server_started_total", "LeaseTimeToLive");
         assert_eq!(keepalives, 1, "{HOLDS} renewals due together take one keepalive");
-        assert_eq!((listings, txns), (1, 0), "their checks take one listing of the lease's keys");
+        // The one key missing from the listing is read, in case it moved to another lease.
+        assert_eq!((listings, txns), (1, 1), "their checks take one listing of the lease's keys");
         assert!(session.alive_until() >= since + ttl);
     }
 }
