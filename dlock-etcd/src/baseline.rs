@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
+use dlock_core::{ConnectConfig, LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use crate::cluster::Cluster;

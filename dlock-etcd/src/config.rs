@@ -2,9 +2,8 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use dlock_core::{BackendUrl, ConnectOptions, LockError};
+use dlock_core::{BackendUrl, ConnectConfig, ConnectOptions, LockError};
 
 /// The port etcd clients use when a URL names none.
 const DEFAULT_PORT: u16 = 2379;
@@ -19,6 +18,7 @@ const DEFAULT_PORT: u16 = 2379;
 ///
 /// ```
 /// use std::time::Duration;
+/// use dlock_core::ConnectConfig;
 /// use dlock_etcd::EtcdConfig;
 ///
 /// let config = EtcdConfig::from_url("etcd://app:s3cret@10.0.0.1:2379,10.0.0.2:2379?op_timeout=2s&prefix=shop")?;
@@ -26,7 +26,8 @@ const DEFAULT_PORT: u16 = 2379;
 /// assert_eq!(config.op_timeout(), Duration::from_secs(2));
 /// assert_eq!(config.prefix(), "shop");
 ///
-/// let built = EtcdConfig::new(["127.0.0.1:2379"]).with_user("app", "s3cret").with_op_timeout(Duration::from_secs(2));
+/// let built =
+///     EtcdConfig::new(["127.0.0.1:2379"]).with_credentials("app", "s3cret").with_op_timeout(Duration::from_secs(2));
 /// assert_eq!(built.endpoints(), ["http://127.0.0.1:2379"]);
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
@@ -38,9 +39,7 @@ pub struct EtcdConfig {
     ca: Option<PathBuf>,
     identity: Option<(PathBuf, PathBuf)>,
     domain: Option<String>,
-    connect_timeout: Duration,
-    op_timeout: Duration,
-    prefix: String,
+    common: ConnectOptions,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -52,9 +51,7 @@ impl fmt::Debug for EtcdConfig {
             .field("ca", &self.ca)
             .field("identity", &self.identity)
             .field("domain", &self.domain)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("op_timeout", &self.op_timeout)
-            .field("prefix", &self.prefix)
+            .field("common", &self.common)
             .finish()
     }
 }
@@ -67,7 +64,6 @@ impl EtcdConfig {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let defaults = ConnectOptions::default();
         EtcdConfig {
             hosts: hosts.into_iter().map(Into::into).collect(),
             user: None,
@@ -75,9 +71,7 @@ impl EtcdConfig {
             ca: None,
             identity: None,
             domain: None,
-            connect_timeout: defaults.connect_timeout,
-            op_timeout: defaults.op_timeout,
-            prefix: defaults.prefix,
+            common: ConnectOptions::default(),
         }
     }
 
@@ -102,9 +96,7 @@ impl EtcdConfig {
         config.hosts = url.hosts.iter().map(ToString::to_string).collect();
         config.user = user;
         config.tls = tls;
-        config.connect_timeout = url.options.connect_timeout;
-        config.op_timeout = url.options.op_timeout;
-        config.prefix = url.options.prefix.clone();
+        config.common = url.options.clone();
         let rest = url.extra.clone();
         let mut cert = None;
         let mut key = None;
@@ -131,8 +123,8 @@ impl EtcdConfig {
         Ok(config)
     }
 
-    /// Authenticates as this etcd user.
-    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+    /// Authenticates as this etcd user, with this password.
+    pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some((user.into(), password.into()));
         self
     }
@@ -163,24 +155,6 @@ impl EtcdConfig {
         self
     }
 
-    /// Sets how long connecting may take before `Unavailable`.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets how long one operation may take before `Unavailable`.
-    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
-        self
-    }
-
-    /// Sets the key prefix under which the locks live.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
     /// The endpoints as the client library takes them: `http://host:port` or `https://host:port`.
     pub fn endpoints(&self) -> Vec<String> {
         let scheme = if self.tls { "https" } else { "http" };
@@ -188,7 +162,7 @@ impl EtcdConfig {
     }
 
     /// The user name, if the client authenticates.
-    pub fn user_name(&self) -> Option<&str> {
+    pub fn user(&self) -> Option<&str> {
         self.user.as_ref().map(|(user, _)| user.as_str())
     }
 
@@ -216,21 +190,6 @@ impl EtcdConfig {
         self.domain.as_deref()
     }
 
-    /// How long connecting may take.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// How long one operation may take.
-    pub fn op_timeout(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// Checks what the URL parser checks, for configurations built by hand.
     pub(crate) fn validate(&self) -> Result<(), LockError> {
         if self.hosts.is_empty() {
@@ -240,10 +199,10 @@ impl EtcdConfig {
             BackendUrl::parse(&format!("etcd://{host}"), DEFAULT_PORT)
                 .map_err(|_| LockError::InvalidInput(format!("bad etcd endpoint {host:?}")))?;
         }
-        if self.prefix.is_empty() || self.prefix.contains('\0') {
+        if self.prefix().is_empty() || self.prefix().contains('\0') {
             return Err(LockError::InvalidInput("the key prefix must be non-empty text without NUL".into()));
         }
-        for (what, d) in [("connect timeout", self.connect_timeout), ("op timeout", self.op_timeout)] {
+        for (what, d) in [("connect timeout", self.connect_timeout()), ("op timeout", self.op_timeout())] {
             if d.is_zero() || d > dlock_core::MAX_DURATION {
                 return Err(LockError::InvalidInput(format!("the {what} {d:?} is out of range")));
             }
@@ -252,8 +211,21 @@ impl EtcdConfig {
     }
 }
 
+/// `with_connect_timeout`, `with_op_timeout`, `with_prefix` and their getters.
+impl ConnectConfig for EtcdConfig {
+    fn common(&self) -> &ConnectOptions {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut ConnectOptions {
+        &mut self.common
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -311,6 +283,15 @@ mod tests {
     fn errors_hide_the_password() {
         let err = EtcdConfig::from_url("etcd://u:hunter2@h:1?bogus=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn builds_with_credentials_and_common_options() {
+        let c = EtcdConfig::new(["h:1"]).with_credentials("app", "s3cret").with_prefix("shop");
+        assert_eq!(c.user(), Some("app"));
+        assert_eq!(c.credentials(), Some(&("app".to_string(), "s3cret".to_string())));
+        assert_eq!(c.prefix(), "shop");
+        assert_eq!(c.op_timeout(), ConnectOptions::default().op_timeout);
     }
 
     #[test]

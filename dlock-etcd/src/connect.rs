@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::LockError;
+use dlock_core::{ConnectConfig, LockError};
 use etcd_client::{Certificate, ConnectOptions, GetOptions, Identity, TlsOptions};
 
 use crate::cluster::Cluster;

@@ -8,7 +8,7 @@ use tonic::Code;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EtcdError {
-    /// A key under a lock's range does not hold `"<count> <owner>"`: something other than
+    /// A key under a lock's range does not hold `"<count> <owner>\0<ids>"`: something other than
     /// dlock wrote it.
     #[error("the lock key {key:?} holds a value dlock did not write")]
     MalformedValue {

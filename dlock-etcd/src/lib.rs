@@ -5,15 +5,21 @@
 //!
 //! - **Sessions.** A client grants one etcd lease per distinct ttl (rounded up to whole
 //!   seconds, etcd's unit), on first use, and shares it among all its locks and waiters of
-//!   that ttl; the watchdog keeps it alive every ttl/3, and renewals due together share
-//!   one keepalive and one ownership check (a listing of the lease's keys, or a
-//!   transaction of reads). A `Fixed(ttl)` lease gets a lease of its own that nobody keeps
+//!   that ttl; the watchdog keeps it alive every ttl/3, and the renewals the scheduler
+//!   finds due together ([`Backend::renew_many`](dlock_core::backend::Backend::renew_many))
+//!   share one keepalive and one ownership check (a listing of the lease's keys, or a
+//!   transaction of reads). Keepalives are not cut by a timeout of their own: a late
+//!   answer within the lease's validity still renews it, and one that hangs does not hold
+//!   up the next. A `Fixed(ttl)` lease gets a lease of its own that nobody keeps
 //!   alive. Leases are never granted per lock for watchdog locks, and an unused lease is
 //!   revoked, not leaked.
 //! - **Keys.** A lock named `n` is the range `<prefix>/<encoded n>/` (the name is
 //!   percent-encoded, [`lock_dir`]); each acquire puts one key
 //!   `<prefix>/<encoded n>/<lease id>-<seq>` on its session's lease, holding
-//!   `"<count> <owner>"`. The key with the lowest create revision holds the lock; the
+//!   `"<count> <owner>\0<request id> ..."`: the owner and the acquires holding the lock
+//!   through the key (several for re-entrant holds). Every change to a hold is a
+//!   compare-and-swap named by its request, so a release or re-entry whose answer was
+//!   lost is never applied twice, and an acquire whose answer was lost is undone exactly. The key with the lowest create revision holds the lock; the
 //!   others wait in create-revision order (FIFO), each watching the delete of the key
 //!   just ahead of its own, so a release wakes one waiter. A woken waiter checks again
 //!   that no key is ahead of it, that its own key still exists and that its lease is
@@ -94,7 +100,7 @@ mod lock;
 mod registry;
 mod session;
 
-use dlock_core::{Client, ClientConfig, LockError};
+use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
 
 pub use backend::EtcdBackend;
 pub use baseline::{raw_baseline, EtcdBaseline};

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use dlock_conformance::properties::unique_name;
-use dlock_core::{LockName, LockOptions, Locker};
+use dlock_core::{ConnectConfig, LockName, LockOptions, Locker};
 use dlock_etcd::EtcdConfig;
 use dlock_testkit::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer};
 use futures::stream::{self, StreamExt, TryStreamExt};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
-use dlock_core::{LockError, LockName, Locker};
+use dlock_core::{ConnectConfig, LockError, LockName, Locker};
 use dlock_etcd::{EtcdConfig, EtcdLocker};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer};
