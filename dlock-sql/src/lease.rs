@@ -396,7 +396,8 @@ impl Backend for SqlBackend {
     /// Takes back the grant recorded under the request's id, if the attempt made one:
     /// never another request's grant, even of the same owner.
     async fn give_back(&self, req: &Request, ticket: Option<SqlTicket>) {
-        drop(ticket);
+        // A waiter's subscription (if any) ends with the ticket.
+        let _ = ticket;
         let args = Args {
             name: req.name.as_str(),
             owner: req.owner.as_str(),

@@ -84,6 +84,7 @@ impl Conn {
 
     /// The pool, for work that does not go through [`Conn::run`] (a subscription, a
     /// dedicated session): waits while requests are held back, `Unavailable` while cut.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) async fn pool(&self) -> Result<Pool, LockError> {
         let mut fault = self.wire.fault.subscribe();
         match pass(&mut fault, Direction::Request).await {

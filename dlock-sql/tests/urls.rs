@@ -3,12 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_core::{ConnectConfig, LockError, LockName, LockOptions};
+use dlock_core::LockError;
 use dlock_sql::SqlConfig;
 
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn in_memory_sqlite_locks() {
+    use dlock_core::{LockName, LockOptions};
     let locker = dlock_sql::connect_any(SqlConfig::from_url("sqlite::memory:").unwrap()).await.expect("connect");
     let name = LockName::new("memory/a").unwrap();
     let lease = locker.acquire(&name, &LockOptions::new().wait(Duration::from_secs(5))).await.expect("acquire");
@@ -58,6 +59,7 @@ fn advisory_is_chosen_by_the_url() {
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_refuses_credentials_and_bad_prefixes() {
+    use dlock_core::ConnectConfig;
     let with_credentials = SqlConfig::sqlite_memory().with_credentials("app", "secret");
     assert!(matches!(dlock_sql::connect(with_credentials).await, Err(LockError::InvalidInput(_))));
     let bad_prefix = SqlConfig::sqlite_memory().with_prefix("a-b");
@@ -67,6 +69,7 @@ async fn sqlite_refuses_credentials_and_bad_prefixes() {
 #[cfg(feature = "postgres")]
 #[test]
 fn passwords_stay_out_of_debug_output() {
+    use dlock_core::ConnectConfig;
     let config = SqlConfig::from_url("postgres://u:urlsecret@h/db?op_timeout=3s")
         .unwrap()
         .with_credentials("app", "topsecret")
