@@ -210,27 +210,7 @@ impl Shared {
         let session = self.session_for(req.mode).await?;
         let key = keys::request_key(dir, session.id(), self.seq.fetch_add(1, Ordering::Relaxed));
         let value = HoldValue::new(req.owner.clone(), vec![req.id.to_string()]);
-        let put = TxnOp::put(key.clone(), value.encode(), Some(PutOptions::new().with_lease(session.id())));
-        // Nobody gave this request back: a put that reaches etcd after its caller gave up
-        // on it (and marked it given back) applies no more.
-        let not_given_back = Compare::create_revision(keys::given_back_key(dir, &key), CompareOp::Equal, 0);
-        // Nobody holds the lock or waits for it.
-        let empty = Compare::create_revision(dir.to_vec(), CompareOp::Equal, 0).with_prefix();
-        let txn = if req.blocking {
-            // Busy: queue anyway, and read the two newest keys (ours, and the one just
-            // ahead of us, whose delete we will watch).
-            let newest = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(2)
-                .with_keys_only();
-            let take_or_queue =
-                Txn::new().when([empty]).and_then([put.clone()]).or_else([put, TxnOp::get(dir.to_vec(), Some(newest))]);
-            Txn::new().when([not_given_back]).and_then([TxnOp::txn(take_or_queue)])
-        } else {
-            // A try_acquire puts nothing on a busy lock.
-            Txn::new().when([not_given_back, empty]).and_then([put])
-        };
+        let txn = acquire_txn(dir, &key, session.id(), &value, req.blocking);
         // Before the put is sent, so that whatever happens to the answer, the key is
         // given back if the attempt fails.
         *slot = Some(EtcdTicket(Place::Queued(QueuePlace {
@@ -886,6 +866,32 @@ impl Shared {
     }
 }
 
+/// The transaction that puts a request's key: it takes the lock when the range is
+/// empty, and otherwise queues (blocking) or puts nothing (`try_acquire`).
+fn acquire_txn(dir: &[u8], key: &[u8], lease: i64, value: &HoldValue, blocking: bool) -> Txn {
+    let put = TxnOp::put(key.to_vec(), value.encode(), Some(PutOptions::new().with_lease(lease)));
+    // Nobody gave this request back: a put that reaches etcd after its caller gave up
+    // on it (and marked it given back) applies no more.
+    let not_given_back = Compare::create_revision(keys::given_back_key(dir, key), CompareOp::Equal, 0);
+    // Nobody holds the lock or waits for it.
+    let empty = Compare::create_revision(dir.to_vec(), CompareOp::Equal, 0).with_prefix();
+    if blocking {
+        // Busy: queue anyway, and read the two newest keys (ours, and the one just
+        // ahead of us, whose delete we will watch).
+        let newest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2)
+            .with_keys_only();
+        let take_or_queue =
+            Txn::new().when([empty]).and_then([put.clone()]).or_else([put, TxnOp::get(dir.to_vec(), Some(newest))]);
+        Txn::new().when([not_given_back]).and_then([TxnOp::txn(take_or_queue)])
+    } else {
+        // A try_acquire puts nothing on a busy lock.
+        Txn::new().when([not_given_back, empty]).and_then([put])
+    }
+}
+
 /// The guard of a change to a held key: still ours, and still with the holds we saw.
 fn unchanged(key: &KeyState, seen: &HoldValue) -> Vec<Compare> {
     vec![
@@ -935,4 +941,50 @@ where
             pause = (pause * 2).min(longest);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_core::OwnerId;
+    use dlock_testkit::supervisor::etcd::{EtcdConfig, EtcdServer};
+    use etcd_client::ConnectOptions;
+
+    /// A put that reaches etcd after its request was given back applies no more, and
+    /// neither takes nor queues for the lock (review finding m4: the delete could be
+    /// applied before a delayed put, leaving an orphan key that held the lock).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn put_landing_after_its_request_was_given_back_applies_no_more() {
+        let server = tokio::task::spawn_blocking(|| EtcdServer::start(&EtcdConfig::default()))
+            .await
+            .expect("spawn_blocking")
+            .expect("start etcd");
+        let limit = Duration::from_secs(2);
+        let cluster = Cluster::new(vec![server.endpoint()], ConnectOptions::new(), limit, limit);
+        let shared = Shared::new(cluster, "late-put".to_string(), limit);
+        let session = shared.sessions.shared(30).await.expect("grant");
+        let dir = shared.dir(&LockName::new("orders/7").expect("name"));
+        let value = HoldValue::new(OwnerId::new("late").expect("owner"), vec!["c:1".to_string()]);
+
+        for blocking in [true, false] {
+            let key = keys::request_key(&dir, session.id(), shared.seq.fetch_add(1, Ordering::Relaxed));
+            let txn = acquire_txn(&dir, &key, session.id(), &value, blocking);
+            // The caller gave up before the put arrived.
+            shared
+                .leave_queue(QueuePlace {
+                    session: session.clone(),
+                    dir: dir.clone(),
+                    key: key.clone(),
+                    rev: None,
+                    ahead: None,
+                    watch: None,
+                })
+                .await;
+            let late = shared.cluster.txn("late put", limit, txn).await.expect("the late put is answered");
+            assert!(!late.succeeded(), "a put given back applied (blocking: {blocking})");
+            let read = Txn::new().and_then([TxnOp::get(dir.clone(), Some(GetOptions::new().with_prefix()))]);
+            let resp = shared.cluster.read("read", limit, read).await.expect("read the lock");
+            assert!(first_kv(&resp, 0).is_none(), "a key given back is in the lock's range (blocking: {blocking})");
+        }
+    }
 }
