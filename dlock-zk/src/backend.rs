@@ -10,11 +10,10 @@
 //! Curator clients queue in the same order) and its recovery of a create whose reply was
 //! lost (the uuid finds the node), and adds what the contract needs.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -27,6 +26,7 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::{is_connection_loss, lock_error, retrying};
 use crate::node::{CountChange, Node};
+use crate::pool::SessionPool;
 use crate::session::{Session, Unwanted};
 use crate::settings::Settings;
 use crate::znode;
@@ -34,11 +34,12 @@ use crate::znode;
 /// The ZooKeeper backend: builds a [`Client`](dlock_core::Client) with
 /// [`connect`](crate::connect), or by hand with [`ZkBackend::connect`].
 ///
-/// Holds live on ZooKeeper sessions, one per distinct lease ttl (opened on first use and
-/// shared by every lock of that ttl on this client), whose requested timeout is the ttl.
+/// Holds live on ZooKeeper sessions pooled by ttl bucket (a few sessions whatever the
+/// ttls; one opened on first use of its bucket and closed when idle), whose requested
+/// timeout is the bucket.
 pub struct ZkBackend {
     settings: Arc<Settings>,
-    sessions: Mutex<HashMap<Duration, Arc<SessionSlot>>>,
+    pool: SessionPool,
     watch_events: AtomicU64,
     next_hold: AtomicU64,
 }
@@ -49,26 +50,15 @@ impl std::fmt::Debug for ZkBackend {
     }
 }
 
-#[derive(Default)]
-struct SessionSlot {
-    live: Mutex<Option<Arc<Session>>>,
-    opening: tokio::sync::Mutex<()>,
-}
-
-impl SessionSlot {
-    fn current(&self) -> Option<Arc<Session>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).clone().filter(|s| !s.is_ended())
-    }
-}
-
 impl ZkBackend {
     /// Connects to the ensemble: opens the session used for inspection and for leases of
     /// the default ttl, so that an unreachable ensemble fails here, with `Unavailable`
     /// within the connect timeout.
     pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
+        let settings = Arc::new(Settings::new(config));
         let backend = ZkBackend {
-            settings: Arc::new(Settings::new(config)),
-            sessions: Mutex::new(HashMap::new()),
+            pool: SessionPool::new(settings.clone()),
+            settings,
             watch_events: AtomicU64::new(0),
             next_hold: AtomicU64::new(1),
         };
@@ -87,33 +77,18 @@ impl ZkBackend {
         self.watch_events.load(Ordering::Relaxed)
     }
 
-    /// The live sessions: `(requested ttl, negotiated session timeout)` each.
+    /// The live sessions: `(ttl bucket, negotiated session timeout)` each, by bucket.
     pub fn sessions(&self) -> Vec<(Duration, Duration)> {
-        let slots = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<_> =
-            slots.iter().filter_map(|(ttl, slot)| slot.current().map(|s| (*ttl, s.negotiated()))).collect();
-        out.sort();
-        out
+        self.pool.describe()
     }
 
-    /// The session for leases of `ttl`, opened when there is none (or it ended).
+    /// The session for leases of `ttl` (its bucket's), opened when there is none.
     async fn session(&self, ttl: Duration) -> Result<Arc<Session>, LockError> {
-        let slot = self.sessions.lock().unwrap_or_else(|p| p.into_inner()).entry(ttl).or_default().clone();
-        if let Some(session) = slot.current() {
-            return Ok(session);
-        }
-        let _opening = slot.opening.lock().await;
-        if let Some(session) = slot.current() {
-            return Ok(session);
-        }
-        let session = Session::open(self.settings.clone(), ttl).await?;
-        *slot.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.clone());
-        Ok(session)
+        self.pool.get(ttl).await
     }
 
     fn live_sessions(&self) -> Vec<Arc<Session>> {
-        let slots = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        slots.values().filter_map(|slot| slot.current()).collect()
+        self.pool.live()
     }
 
     /// Any live session (for reads), opening the default one when none is live.

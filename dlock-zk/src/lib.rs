@@ -104,6 +104,7 @@ mod baseline;
 mod config;
 mod error;
 mod node;
+mod pool;
 mod session;
 mod settings;
 mod znode;

@@ -172,6 +172,13 @@ impl Session {
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the session holds nothing and has nothing left to do: no held node, no
+    /// node to delete, no heartbeat or sweep in flight.
+    pub(crate) fn is_idle(&self) -> bool {
+        let registry = self.registry();
+        registry.held.is_empty() && registry.unwanted.is_empty() && !registry.sweep_running && registry.heartbeats == 0
+    }
+
     /// Whether the session has ended (expired, closed, authentication failed): nothing
     /// sent on it can succeed any more.
     pub(crate) fn is_ended(&self) -> bool {

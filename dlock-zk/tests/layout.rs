@@ -105,25 +105,36 @@ async fn uncontended_acquire_and_release_is_three_requests() {
     assert!((3 * ROUNDS..=3 * ROUNDS + 2).contains(&requests), "{requests} requests for {ROUNDS} acquire+release");
 }
 
-/// Each distinct ttl gets one session (opened on first use) with that timeout, shared
-/// by every lock of the ttl.
+/// Sessions are pooled by ttl bucket: a hundred different ttls open a handful of
+/// sessions, each with a timeout no longer than the ttls it serves, and the sessions
+/// that nothing uses any more are closed (the default one, used by `inspect`, stays).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_session_per_ttl() {
+async fn sessions_are_pooled_by_ttl_and_closed_when_idle() {
     dlock_conformance::init_tracing();
     let fixture = ZkFixture::standalone().await;
     let client = fixture.zk_client().await;
     assert_eq!(client.backend().sessions(), vec![(DEFAULT_TTL, DEFAULT_TTL)], "the session opened at connect");
     let mut leases = Vec::new();
-    let other = TTL + Duration::from_millis(500);
-    for (i, ttl) in [TTL, TTL, other, TTL].into_iter().enumerate() {
-        let name = unique_name(&format!("sessions-{i}"));
-        leases.push(client.acquire(&name, &LockOptions::watchdog(ttl)).await.expect("acquire"));
+    for i in 0..100u64 {
+        let ttl = Duration::from_millis(2_000 + 50 * i);
+        let opts = if i % 2 == 0 { LockOptions::watchdog(ttl) } else { LockOptions::fixed(ttl) };
+        let lease = client.acquire(&unique_name(&format!("pooled-{i}")), &opts).await.expect("acquire");
+        assert!(lease.remaining() <= ttl);
+        leases.push(lease);
     }
-    let fixed = client.acquire(&unique_name("sessions-fixed"), &LockOptions::fixed(TTL)).await.expect("acquire");
-    assert_eq!(client.backend().sessions(), vec![(TTL, TTL), (other, other), (DEFAULT_TTL, DEFAULT_TTL)]);
-    fixed.release().await.expect("release");
+    let sessions = client.backend().sessions();
+    assert!(sessions.len() <= 5, "100 ttls opened {} sessions: {sessions:?}", sessions.len());
+    for (bucket, negotiated) in &sessions {
+        assert!(negotiated <= bucket, "a session of {negotiated:?} for the bucket {bucket:?}");
+    }
     for lease in leases {
         lease.release().await.expect("release");
+    }
+    // Idle sessions close after a linger of 10 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while client.backend().sessions() != vec![(DEFAULT_TTL, DEFAULT_TTL)] {
+        assert!(std::time::Instant::now() < deadline, "idle sessions stay open: {:?}", client.backend().sessions());
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
