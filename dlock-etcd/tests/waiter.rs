@@ -60,22 +60,7 @@ async fn waiter_whose_lease_was_revoked_does_not_take_the_lock() {
     fixture.etcd().await.lease_revoke(first_lease).await.expect("revoke the first waiter's lease");
     eventually("the revoked waiter's key is gone", MARGIN, || queued(&admin, &name, 1)).await;
 
-    held.release().await.expect("release");
-    let second_lease = second_wait.await.expect("task").expect("the second waiter gets the lock");
-    // The first waiter woke with the release too, found its key gone and queued again.
-    eventually("the revoked waiter queues again (or takes the lock)", MARGIN, || async {
-        first_wait.is_finished() || queued(&admin, &name, 1).await
-    })
-    .await;
-    assert!(!first_wait.is_finished(), "the revoked waiter reported the lock acquired while another holds it");
-    let info = admin.inspect(&name).await.expect("inspect");
-    assert_eq!(info.holder.map(|h| h.token), Some(second_lease.token()));
-
-    let second_token = second_lease.token();
-    second_lease.release().await.expect("release");
-    let first_lease = first_wait.await.expect("task").expect("the revoked waiter gets the lock in its new turn");
-    assert!(first_lease.token() > second_token);
-    first_lease.release().await.expect("release");
+    second_waiter_wins_and_first_requeues(&admin, &name, held, first_wait, second_wait, "revoked").await;
 }
 
 /// The waiter is cut off (its traffic frozen) until its lease expires on the server; when
@@ -110,19 +95,36 @@ async fn waiter_whose_lease_expired_while_blocked_does_not_take_the_lock() {
     .await;
     link.restore();
 
+    second_waiter_wins_and_first_requeues(&admin, &name, held, first_wait, second_wait, "expired").await;
+}
+
+type Waiting = tokio::task::JoinHandle<Result<dlock_core::Lease, dlock_core::LockError>>;
+
+/// The holder releases: the second waiter gets the lock, the first (whose key went while
+/// it waited) queues again instead of reporting the lock acquired, and gets it in its new
+/// turn with a larger token.
+async fn second_waiter_wins_and_first_requeues(
+    admin: &EtcdLocker,
+    name: &LockName,
+    held: dlock_core::Lease,
+    first_wait: Waiting,
+    second_wait: Waiting,
+    why: &str,
+) {
     held.release().await.expect("release");
     let second_lease = second_wait.await.expect("task").expect("the second waiter gets the lock");
-    eventually("the expired waiter queues again (or takes the lock)", MARGIN, || async {
-        first_wait.is_finished() || queued(&admin, &name, 1).await
+    // The first waiter woke with the release too, found its key gone and queued again.
+    eventually(&format!("the {why} waiter queues again (or takes the lock)"), MARGIN, || async {
+        first_wait.is_finished() || queued(admin, name, 1).await
     })
     .await;
-    assert!(!first_wait.is_finished(), "a waiter whose lease expired reported the lock acquired");
-    let info = admin.inspect(&name).await.expect("inspect");
+    assert!(!first_wait.is_finished(), "the {why} waiter reported the lock acquired while another holds it");
+    let info = admin.inspect(name).await.expect("inspect");
     assert_eq!(info.holder.map(|h| h.token), Some(second_lease.token()));
 
     let second_token = second_lease.token();
     second_lease.release().await.expect("release");
-    let first_lease = first_wait.await.expect("task").expect("the expired waiter gets the lock in its new turn");
+    let first_lease = first_wait.await.expect("task").expect("the first waiter gets the lock in its new turn");
     assert!(first_lease.token() > second_token);
     first_lease.release().await.expect("release");
 }
