@@ -27,9 +27,9 @@ use crate::config::ZkConfig;
 use crate::error::{is_connection_loss, lock_error, retrying};
 use crate::node::{CountChange, Node};
 use crate::pool::SessionPool;
-use crate::session::{Session, Unwanted};
+use crate::session::Session;
 use crate::settings::Settings;
-use crate::znode;
+use crate::znode::{self, Unwanted};
 
 /// The ZooKeeper backend: builds a [`Client`](dlock_core::Client) with
 /// [`connect`](crate::connect), or by hand with [`ZkBackend::connect`].
@@ -55,6 +55,7 @@ impl ZkBackend {
     /// the default ttl, so that an unreachable ensemble fails here, with `Unavailable`
     /// within the connect timeout.
     pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let settings = Arc::new(Settings::new(config));
         let backend = ZkBackend {
             pool: SessionPool::new(settings.clone()),
@@ -158,7 +159,7 @@ impl ZkBackend {
             match retrying(|| client.create(lock_path, &[], &options)).await {
                 Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
                 Err(zk::Error::NoNode) => {
-                    let root = settings.config.root();
+                    let root = &settings.config.root();
                     let options = zk::CreateMode::Persistent.with_acls(settings.acls());
                     match retrying(|| client.mkdir(root, &options)).await {
                         Ok(()) | Err(zk::Error::NodeExists) => {}
@@ -487,15 +488,7 @@ impl Backend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reentrant: true,
-            fifo: true,
-            notify: true,
-            ttl: true,
-            fixed: true,
-            extend: true,
-            queue_length: true,
-        }
+        Capabilities::ALL
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<ZkTicket>) -> Result<Attempt<ZkHold>, LockError> {

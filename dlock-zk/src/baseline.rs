@@ -2,7 +2,7 @@
 //! and of a renewal, sent through `zookeeper-client` directly.
 
 use async_trait::async_trait;
-use dlock_core::{LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
+use dlock_core::{ConnectConfig, LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
@@ -28,6 +28,7 @@ impl std::fmt::Debug for ZkBaseline {
 impl ZkBaseline {
     /// Opens a session with the default ttl as its timeout.
     pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let settings = Settings::new(config);
         let mut connector = zk::Client::connector().with_session_timeout(DEFAULT_TTL).with_fail_eagerly();
         if let Some(auth) = settings.config.digest_auth() {

@@ -2,9 +2,8 @@
 //! and the timeouts, read from a `zk://` URL or set with builder methods.
 
 use std::fmt;
-use std::time::Duration;
 
-use dlock_core::{BackendUrl, ConnectOptions, HostPort, LockError, LockName};
+use dlock_core::{BackendUrl, ConnectConfig, ConnectOptions, HostPort, LockError, LockName};
 
 /// The client port of a ZooKeeper server when the URL names none.
 pub const DEFAULT_PORT: u16 = 2181;
@@ -29,36 +28,51 @@ pub type Host = HostPort;
 ///
 /// ```
 /// use std::time::Duration;
+/// use dlock_core::ConnectConfig;
 /// use dlock_zk::ZkConfig;
 ///
 /// let config = ZkConfig::from_url("zk://app:s3cret@zk1:2181,zk2:2182,zk3/shop/locks?op_timeout=500ms")?;
 /// assert_eq!(config.connect_string(), "zk1:2181,zk2:2182,zk3:2181");
 /// assert_eq!(config.root(), "/shop/locks");
-/// assert_eq!(config.digest_user(), Some("app"));
+/// assert_eq!(config.user(), Some("app"));
 /// assert_eq!(config.op_timeout(), Duration::from_millis(500));
 ///
-/// let local = ZkConfig::new("127.0.0.1:2181")?.with_root("/jobs")?.with_op_timeout(Duration::from_secs(1));
+/// let local = ZkConfig::new("127.0.0.1:2181")?
+///     .with_root("/jobs")?
+///     .with_credentials("app", "s3cret")
+///     .with_op_timeout(Duration::from_secs(1));
 /// assert_eq!(local.root(), "/jobs");
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
+///
+/// The timeouts and the prefix (the root without its leading `/`) are the shared
+/// [`ConnectOptions`], set and read through [`ConnectConfig`].
 #[derive(Clone, PartialEq, Eq)]
 pub struct ZkConfig {
     hosts: Vec<Host>,
-    root: String,
     digest: Option<(String, String)>,
-    connect_timeout: Duration,
-    op_timeout: Duration,
+    common: ConnectOptions,
+}
+
+impl ConnectConfig for ZkConfig {
+    fn common(&self) -> &ConnectOptions {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut ConnectOptions {
+        &mut self.common
+    }
 }
 
 impl fmt::Debug for ZkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkConfig")
             .field("hosts", &self.hosts)
-            .field("root", &self.root)
-            .field("digest_user", &self.digest_user())
-            .field("digest_password", &self.digest.as_ref().map(|_| "<redacted>"))
-            .field("connect_timeout", &self.connect_timeout)
-            .field("op_timeout", &self.op_timeout)
+            .field("root", &self.root())
+            .field("user", &self.user())
+            .field("password", &self.digest.as_ref().map(|_| "<redacted>"))
+            .field("connect_timeout", &self.connect_timeout())
+            .field("op_timeout", &self.op_timeout())
             .finish()
     }
 }
@@ -67,14 +81,7 @@ impl ZkConfig {
     /// A configuration for the ensemble in `hosts` (`host[:port]`, comma-separated), with
     /// the default root and timeouts.
     pub fn new(hosts: &str) -> Result<Self, LockError> {
-        let defaults = ConnectOptions::default();
-        Ok(ZkConfig {
-            hosts: parse_hosts(hosts)?,
-            root: DEFAULT_ROOT.to_string(),
-            digest: None,
-            connect_timeout: defaults.connect_timeout,
-            op_timeout: defaults.op_timeout,
-        })
+        Ok(ZkConfig { hosts: parse_hosts(hosts)?, digest: None, common: ConnectOptions::default() })
     }
 
     /// Parses a `zk://` URL (see the type's documentation). Fails with `InvalidInput` on
@@ -94,19 +101,14 @@ impl ZkConfig {
             (true, true) => format!("/{}", url.options.prefix.trim_matches('/')),
             (true, false) => DEFAULT_ROOT.to_string(),
         };
-        let mut config = ZkConfig {
-            hosts: url.hosts.clone(),
-            root: DEFAULT_ROOT.to_string(),
-            digest: None,
-            connect_timeout: url.options.connect_timeout,
-            op_timeout: url.options.op_timeout,
-        }
-        .with_root(&root)?;
+        let mut config =
+            ZkConfig { hosts: url.hosts.clone(), digest: None, common: url.options.clone() }.with_root(&root)?;
         match (&url.user, &url.password) {
             (None, None) => {}
-            (Some(user), Some(password)) => config = config.with_digest(user, password)?,
+            (Some(user), Some(password)) => config = config.with_credentials(user.as_str(), password.as_str()),
             _ => return Err(url.invalid("credentials need both a user and a password")),
         }
+        config.validate()?;
         Ok(config)
     }
 
@@ -120,30 +122,29 @@ impl ZkConfig {
     /// It is created (with this client's ACL) when missing.
     pub fn with_root(mut self, root: &str) -> Result<Self, LockError> {
         validate_root(root)?;
-        self.root = root.to_string();
+        self.common.prefix = root.trim_start_matches('/').to_string();
         Ok(self)
     }
 
     /// Authenticates with ZooKeeper's `digest` scheme as `user:password`. Lock nodes are
     /// then created readable by anyone but writable and deletable only by this identity.
-    pub fn with_digest(mut self, user: &str, password: &str) -> Result<Self, LockError> {
-        if user.is_empty() || user.contains(':') || user.contains('\0') || password.contains('\0') {
-            return Err(LockError::InvalidInput("a digest user must be non-empty, without ':' or NUL".into()));
+    /// The user must be non-empty and without `:` (connecting fails with `InvalidInput`
+    /// otherwise).
+    pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Checks what the builder methods could not: the root (also when set with
+    /// [`with_prefix`](ConnectConfig::with_prefix)) and the credentials.
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        validate_root(&self.root())?;
+        if let Some((user, password)) = &self.digest {
+            if user.is_empty() || user.contains(':') || user.contains('\0') || password.contains('\0') {
+                return Err(LockError::InvalidInput("a digest user must be non-empty, without ':' or NUL".into()));
+            }
         }
-        self.digest = Some((user.to_string(), password.to_string()));
-        Ok(self)
-    }
-
-    /// Sets how long establishing a session may take before `Unavailable`.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets how long one operation may take before `Unavailable`.
-    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
-        self
+        Ok(())
     }
 
     /// The ensemble's members.
@@ -156,33 +157,23 @@ impl ZkConfig {
         self.hosts.iter().map(Host::to_string).collect::<Vec<_>>().join(",")
     }
 
-    /// The znode under which the locks live.
-    pub fn root(&self) -> &str {
-        &self.root
+    /// The znode under which the locks live: the prefix as an absolute path.
+    pub fn root(&self) -> String {
+        format!("/{}", self.common.prefix.trim_matches('/'))
     }
 
     /// The digest user, if credentials were given.
-    pub fn digest_user(&self) -> Option<&str> {
+    pub fn user(&self) -> Option<&str> {
         self.digest.as_ref().map(|(user, _)| user.as_str())
     }
 
     /// The digest password, if credentials were given.
-    pub fn digest_password(&self) -> Option<&str> {
+    pub fn password(&self) -> Option<&str> {
         self.digest.as_ref().map(|(_, password)| password.as_str())
     }
 
     pub(crate) fn digest_auth(&self) -> Option<Vec<u8>> {
         self.digest.as_ref().map(|(user, password)| format!("{user}:{password}").into_bytes())
-    }
-
-    /// How long establishing a session may take.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// How long one operation may take.
-    pub fn op_timeout(&self) -> Duration {
-        self.op_timeout
     }
 
     /// The znode of the lock `name`: the root, then the name encoded as one path segment
@@ -197,7 +188,7 @@ impl ZkConfig {
     /// # Ok::<(), dlock_core::LockError>(())
     /// ```
     pub fn lock_path(&self, name: &LockName) -> String {
-        format!("{}/{}", self.root, name.encoded())
+        format!("{}/{}", self.root(), name.encoded())
     }
 }
 
@@ -230,6 +221,8 @@ fn validate_root(root: &str) -> Result<(), LockError> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -238,7 +231,7 @@ mod tests {
         assert_eq!(c.hosts(), &[Host::new("::1", 2182), Host::new("h2", 2181), Host::new("h3", 9)]);
         assert_eq!(c.connect_string(), "[::1]:2182,h2:2181,h3:9");
         assert_eq!(c.root(), "/a b/c");
-        assert_eq!(c.digest, Some(("u@x".to_string(), "p:w".to_string())));
+        assert_eq!((c.user(), c.password()), (Some("u@x"), Some("p:w")));
         assert!(!format!("{c:?}").contains("p:w"));
 
         let c = ZkConfig::from_url("ZK://h?prefix=shop%2Flocks&connect_timeout=2s").unwrap();

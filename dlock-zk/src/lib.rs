@@ -85,7 +85,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use dlock_core::{LockName, LockOptions, Locker};
-//! use dlock_zk::ZkConfig;
+//! use dlock_zk::{ConnectConfig, ZkConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), dlock_core::LockError> {
@@ -112,6 +112,8 @@ mod znode;
 pub use backend::{ZkBackend, ZkHold, ZkTicket};
 pub use baseline::ZkBaseline;
 pub use config::{Host, ZkConfig, DEFAULT_PORT, DEFAULT_ROOT, SCHEME};
+/// The shared builder methods of [`ZkConfig`] (timeouts and prefix).
+pub use dlock_core::ConnectConfig;
 pub use error::ZkRequestError;
 
 use dlock_core::{Client, ClientConfig, LockError};

@@ -4,19 +4,19 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use dlock_core::backend::LostSignal;
+use dlock_core::backend::{lock_unpoisoned, LostSignal};
 use dlock_core::{FencingToken, LockName, LostReason, OwnerId};
 
-use crate::session::Unwanted;
+use crate::znode::Unwanted;
 
 /// A granted hold: the node, who holds it, and the leases riding on it.
 pub(crate) struct Node {
-    pub name: LockName,
-    pub owner: OwnerId,
-    pub lock_path: String,
-    pub path: String,
-    pub uuid: String,
-    pub token: FencingToken,
+    pub(crate) name: LockName,
+    pub(crate) owner: OwnerId,
+    pub(crate) lock_path: String,
+    pub(crate) path: String,
+    pub(crate) uuid: String,
+    pub(crate) token: FencingToken,
     state: Mutex<NodeState>,
 }
 
@@ -68,7 +68,7 @@ impl Node {
     }
 
     fn state(&self) -> MutexGuard<'_, NodeState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock_unpoisoned(&self.state)
     }
 
     /// Why the node is lost, if it is.

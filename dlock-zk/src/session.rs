@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use dlock_core::backend::lock_unpoisoned;
+use dlock_core::ConnectConfig;
 use dlock_core::{LockError, LockName, LostReason, OwnerId};
 use futures::future::join_all;
 use tokio::sync::Notify;
@@ -37,7 +39,7 @@ use zookeeper_client as zk;
 use crate::error::{is_transient, lock_error, timed_out};
 use crate::node::Node;
 use crate::settings::Settings;
-use crate::znode;
+use crate::znode::{self, Unwanted};
 
 /// Node checks per multi-read request, so that a request stays far below the server's
 /// packet limit (`jute.maxbuffer`, 1 MiB by default).
@@ -49,15 +51,6 @@ const MAX_HEARTBEATS: usize = 8;
 
 /// The pause between attempts to open a session.
 const CONNECT_RETRY: Duration = Duration::from_millis(50);
-
-/// A node to delete once the session can: its lock znode, the uuid of the attempt that
-/// created it, and its path when known.
-#[derive(Debug, Clone)]
-pub(crate) struct Unwanted {
-    pub lock_path: String,
-    pub uuid: String,
-    pub path: Option<String>,
-}
 
 #[derive(Default)]
 struct Registry {
@@ -169,7 +162,7 @@ impl Session {
     }
 
     fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+        lock_unpoisoned(&self.registry)
     }
 
     /// Whether the session holds nothing and has nothing left to do: no held node, no

@@ -7,15 +7,16 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
+use dlock_core::ConnectConfig;
 
 /// What the backend and all its sessions share.
 pub(crate) struct Settings {
-    pub config: ZkConfig,
+    pub(crate) config: ZkConfig,
     /// The ACL of every node this client creates.
-    pub acl: Vec<zk::Acl>,
+    pub(crate) acl: Vec<zk::Acl>,
     /// Whether the server knows container nodes (3.5+); lock znodes are plain persistent
     /// nodes otherwise and stay when empty.
-    pub containers: AtomicBool,
+    pub(crate) containers: AtomicBool,
 }
 
 impl Settings {

@@ -16,13 +16,22 @@ pub(crate) fn node_prefix(lock_path: &str, uuid: &str) -> String {
     format!("{lock_path}/{NODE_MARK}{uuid}{LOCK_MARK}")
 }
 
+/// A node to delete once the session can: its lock znode, the uuid of the attempt that
+/// created it, and its path when known (without it, the node is found by its uuid).
+#[derive(Debug, Clone)]
+pub(crate) struct Unwanted {
+    pub(crate) lock_path: String,
+    pub(crate) uuid: String,
+    pub(crate) path: Option<String>,
+}
+
 /// One child of a lock's znode that looks like a contender.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Contender {
     /// The child's name (not the full path).
-    pub name: String,
+    pub(crate) name: String,
     /// The server-assigned sequence: the queue order.
-    pub sequence: i64,
+    pub(crate) sequence: i64,
 }
 
 impl Contender {

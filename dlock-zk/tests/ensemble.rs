@@ -12,7 +12,7 @@ use dlock_core::{LockOptions, Locker};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::zookeeper::serving_mode;
 use dlock_testkit::supervisor::{find_program, free_port, CommandSpec, ServerProcess};
-use dlock_zk::ZkConfig;
+use dlock_zk::{ConnectConfig, ZkConfig};
 
 const SERVER_JAR: &str = "/usr/share/java/zookeeper.jar";
 const LOG_JAR: &str = "/usr/share/java/slf4j-simple.jar";

@@ -14,7 +14,7 @@ use dlock_conformance::properties::{eventually, unique_name};
 use dlock_conformance::Fault;
 use dlock_core::{LockError, LockOptions, Locker, LostReason};
 use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperEnsemble};
-use dlock_zk::ZkConfig;
+use dlock_zk::{ConnectConfig, ZkConfig};
 
 /// The holder's connection is cut past its session timeout: its lost signal fires before
 /// the server expires the session, the queued waiter then gets the lock with a higher

@@ -14,7 +14,7 @@ use dlock_core::{LockError, LockName, Locker};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperServer};
 use dlock_testkit::supervisor::{external_url, free_port};
-use dlock_zk::{ZkConfig, ZkLocker};
+use dlock_zk::{ConnectConfig, ZkConfig, ZkLocker};
 use zookeeper_client as zk;
 
 /// The lease ttl of the tests: the session timeout of their locks.
@@ -92,7 +92,7 @@ impl ZkFixture {
     /// A plain ZooKeeper session, as an operator's tool would open.
     pub(crate) async fn admin(&self) -> zk::Client {
         let mut connector = zk::Client::connector().with_session_timeout(Duration::from_secs(30));
-        if let (Some(user), Some(password)) = (self.config.digest_user(), self.config.digest_password()) {
+        if let (Some(user), Some(password)) = (self.config.user(), self.config.password()) {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
         connector.connect(&self.config.connect_string()).await.expect("an operator's session")
