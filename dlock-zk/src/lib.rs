@@ -33,8 +33,11 @@
 //!
 //! A node lives as long as its ZooKeeper session, so the lease is the session: the
 //! client's pings keep it alive, and a holder that dies frees its locks when its session
-//! expires. Each distinct lease ttl gets one session (opened on first use, shared by all
-//! locks of that ttl on the client) whose requested timeout is the ttl. The server clamps
+//! expires. Sessions are pooled: a lease's ttl is rounded down to a ladder of buckets a
+//! factor of √2 apart (anchored at the default 30 s), and all locks of a bucket on the
+//! client share one session (opened on first use, closed after 10 s unused), whose
+//! requested timeout is the bucket, so a holder that dies still frees its locks within
+//! its ttl, and any number of different ttls costs a handful of sessions. The server clamps
 //! the request into its `[minSessionTimeout, maxSessionTimeout]` (by default 2 and 20
 //! ticks, 4 s to 40 s), and the *negotiated* timeout is what bounds a hold:
 //!
@@ -58,6 +61,10 @@
 //!   deletes a hold's node when its ttl passes without renewal. A holder that dies leaves
 //!   its node until its session expires instead, so a lock frees within the ttl *or* the
 //!   session timeout, whichever applies (the larger when the server clamps the timeout up).
+//!   A `Fixed` lease's validity counts from its ttl, kept by the session's heartbeats: cut
+//!   off, its lost signal still fires before the server can expire the session, but
+//!   `remaining()` may overstate the time left until then when the ttl exceeds the
+//!   session's window.
 //!
 //! Re-entrancy is by owner within one client: another client acquiring with the same
 //! owner id queues behind the holder like anyone else.
@@ -85,7 +92,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use dlock_core::{LockName, LockOptions, Locker};
-//! use dlock_zk::{ConnectConfig, ZkConfig};
+//! use dlock_zk::ZkConfig;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), dlock_core::LockError> {
