@@ -33,7 +33,9 @@ pub(crate) async fn open(config: &EtcdConfig) -> Result<Cluster, LockError> {
     if config.is_tls() {
         options = options.with_tls(tls_options(config)?);
     }
-    let cluster = Cluster::new(config.endpoints(), options, limit, config.op_timeout());
+    // Half the operation timeout: a renewal that hangs that long moves the next requests
+    // to another member before the client sends a second renewal beside it.
+    let cluster = Cluster::new(config.endpoints(), options, limit, config.op_timeout() / 2);
     let probe = format!("{}/", config.prefix()).into_bytes();
     cluster.get("connect", limit, probe, GetOptions::new().with_keys_only().with_limit(1)).await?;
     Ok(cluster)

@@ -186,3 +186,34 @@ async fn frozen_holder_loses_the_lock_and_its_guarded_write() {
     assert!(matches!(held.release().await, Err(LockError::NotHeld)));
     next.release().await.expect("release");
 }
+
+/// Renewals are not cut at the operation timeout, but a member that leaves a request
+/// unanswered that long is left for another: with each member black-holed in turn (the
+/// client's own link to it, as when one host hangs), the holder keeps its lease, because
+/// the renewal sent beside the hung one goes to a member that answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_move_on_from_a_member_that_hangs() {
+    dlock_conformance::init_tracing();
+    let mut cluster = start_cluster().await;
+    let mut proxies = Vec::new();
+    for member in cluster.members().iter_mut() {
+        proxies.push(FaultProxy::start(member.addr()).await.expect("start a fault proxy"));
+    }
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let client = connect(&format!("etcd://{}", hosts.join(","))).await;
+    let other = connect(&cluster.url()).await;
+    let name = unique_name("member-hangs");
+    let ttl = Duration::from_secs(3);
+    let lease = client.acquire(&name, &LockOptions::watchdog(ttl).wait(MARGIN)).await.expect("acquire");
+
+    for proxy in &proxies {
+        let link = proxy.link();
+        link.blackhole();
+        tokio::time::sleep(ttl * 2).await;
+        link.restore();
+        assert!(!lease.is_lost(), "the lease was lost while one member hung: {:?}", lease.lost_reason());
+        let intruder = other.try_acquire(&name, &LockOptions::new()).await.expect("try_acquire");
+        assert!(intruder.is_none(), "another client got the lock while its holder renewed");
+    }
+    lease.release().await.expect("release");
+}
