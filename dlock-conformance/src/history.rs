@@ -132,6 +132,12 @@ impl History {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).push(Event { process, op, phase, at, token });
     }
 
+    /// Appends an event stamped elsewhere: by another process whose monotonic clock is
+    /// this one's (as on one machine), counted from the moment this history began.
+    pub fn record_at(&self, event: Event) {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+    }
+
     /// A copy of every event so far, in recording order.
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
