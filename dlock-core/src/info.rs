@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use crate::name::OwnerId;
 use crate::token::FencingToken;
+#[cfg(doc)]
+use crate::{Lease, LockError, Locker};
 
 /// What a backend can do. Asking for something it cannot do fails with
 /// [`LockError::Unsupported`]; nothing is silently weakened.
