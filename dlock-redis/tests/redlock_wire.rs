@@ -147,9 +147,11 @@ async fn a_waiter_subscribes_on_every_node_before_looking_again() {
 async fn url_settings_reach_every_node() {
     dlock_conformance::init_tracing();
     let args = ["--user", "default", "off", "--user", "locks", "on", ">s3cr%t", "~*", "&*", "+@all"];
-    let masters =
-        RedisMasters::start(3, &ServerConfig { persistent: false, extra_args: args.map(String::from).to_vec() })
-            .unwrap();
+    let masters = RedisMasters::start(
+        3,
+        &ServerConfig { extra_args: args.map(String::from).to_vec(), ..ServerConfig::default() },
+    )
+    .unwrap();
     let hosts: Vec<String> = masters.addrs().iter().map(ToString::to_string).collect();
     let url = format!(
         "redlock://locks:s3cr%25t@{}/3?prefix=shop&op_timeout=1s&connect_timeout=1s&node_timeout=200ms",

@@ -10,7 +10,8 @@ use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer}
 
 fn server_with_acl_user() -> RedisServer {
     let args = ["--user", "default", "off", "--user", "locks", "on", ">s3cr%t", "~*", "&*", "+@all"];
-    RedisServer::start(&ServerConfig { persistent: false, extra_args: args.map(String::from).to_vec() }).unwrap()
+    RedisServer::start(&ServerConfig { extra_args: args.map(String::from).to_vec(), ..ServerConfig::default() })
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

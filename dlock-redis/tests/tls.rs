@@ -35,7 +35,7 @@ async fn locks_over_tls() {
     let tls_port = free_port().unwrap();
     let file = |name: &str| certs.dir().join(name).display().to_string();
     let args = tls_args(certs.dir(), tls_port);
-    let _server = RedisServer::start(&ServerConfig { persistent: false, extra_args: args }).unwrap();
+    let _server = RedisServer::start(&ServerConfig { extra_args: args, ..ServerConfig::default() }).unwrap();
 
     let url = format!("rediss://127.0.0.1:{tls_port}?tls_ca={}&connect_timeout=2s&op_timeout=2s", file("ca.pem"));
     let config = RedisConfig::from_url(&url).unwrap();
@@ -71,7 +71,7 @@ async fn redlock_over_tls() {
     for _ in 0..3 {
         let tls_port = free_port().unwrap();
         let args = tls_args(certs.dir(), tls_port);
-        servers.push(RedisMasters::start(1, &ServerConfig { persistent: false, extra_args: args }).unwrap());
+        servers.push(RedisMasters::start(1, &ServerConfig { extra_args: args, ..ServerConfig::default() }).unwrap());
         hosts.push(format!("127.0.0.1:{tls_port}"));
     }
     let ca = certs.dir().join("ca.pem").display().to_string();
