@@ -17,9 +17,6 @@ pub struct RedisConfig {
     pub persistent: bool,
     /// More `--option value` arguments.
     pub extra_args: Vec<String>,
-    /// A libfaketime time spec the server's clock follows (`"+0 x10"`: ten times fast,
-    /// so its keys expire ten times early); run through Debian's `faketime`.
-    pub fake_clock: Option<String>,
 }
 
 /// redis-server as a [`Server`] kind.
@@ -62,17 +59,7 @@ impl Server<Redis> {
                 args.extend(["--appendonly", "no"].map(String::from));
             }
             args.extend(config.extra_args.iter().cloned());
-            let spec = match &config.fake_clock {
-                None => CommandSpec::new(&program).args(args),
-                Some(clock) => {
-                    let faketime = find_program("faketime", &["/usr/bin"]).ok_or_else(|| {
-                        io::Error::new(io::ErrorKind::NotFound, "faketime not found; run scripts/install-backends")
-                    })?;
-                    let wrapped = ["-f".to_string(), clock.clone(), program.display().to_string()];
-                    CommandSpec::new(faketime).args(wrapped.into_iter().chain(args))
-                }
-            }
-            .cwd(dir.path());
+            let spec = CommandSpec::new(&program).args(args).cwd(dir.path());
             let process = ServerProcess::spawn(format!("redis-server:{port}"), spec, dir.path().join("redis.log"))?;
             Server::started(Redis, process, port, dir)
         })
@@ -267,13 +254,8 @@ impl<G: GroupKind> RedisGroup<G> {
 impl RedisGroup<Masters> {
     /// Starts `count` servers with `config`, all at once.
     pub fn start(count: usize, config: &RedisConfig) -> io::Result<Self> {
-        Self::start_each(&vec![config.clone(); count])
-    }
-
-    /// Starts one server per config, all at once.
-    pub fn start_each(configs: &[RedisConfig]) -> io::Result<Self> {
         let started: Vec<io::Result<RedisServer>> = std::thread::scope(|scope| {
-            let starts: Vec<_> = configs.iter().map(|config| scope.spawn(|| RedisServer::start(config))).collect();
+            let starts: Vec<_> = (0..count).map(|_| scope.spawn(|| RedisServer::start(config))).collect();
             starts
                 .into_iter()
                 .map(|start| start.join().unwrap_or_else(|_| Err(io::Error::other("a server start panicked"))))
@@ -326,7 +308,6 @@ fn start_cluster_node() -> io::Result<RedisServer> {
             ]
             .map(String::from)
             .to_vec(),
-            ..RedisConfig::default()
         };
         match RedisServer::start(&config) {
             Ok(server) => return Ok(server),
