@@ -1,6 +1,7 @@
 //! Faults particular to ZooKeeper: a holder's session expiring, a server clamping the
 //! session timeout, a client cut off in the middle of its create, and an ensemble
-//! losing a member while locks are held and waited on.
+//! losing its leader while locks are held and waited on (by contending workers, and by
+//! a queue of ten served in order).
 
 mod common;
 
@@ -226,4 +227,66 @@ async fn ensemble_loses_a_member() {
     assert_eq!(report.holds, WORKERS * ITERATIONS);
     assert!(report.is_clean(), "history: {report}");
     assert!(ensemble.leader().is_some_and(|l| l != leader), "a new leader took over");
+}
+
+/// Ten waiters queued in order behind a holder while the ensemble's leader is killed:
+/// once a new leader serves and the holder releases, the waiters are granted in the
+/// order they queued, each once, with strictly increasing tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_under_a_queue_of_ten_serves_it_in_order() {
+    dlock_conformance::init_tracing();
+    let mut ensemble = tokio::task::block_in_place(|| ZooKeeperEnsemble::start(3, &ZooKeeperConfig::default()))
+        .expect("start a 3-member ensemble");
+    let config = ZkConfig::from_url(&ensemble.url())
+        .expect("ensemble URL")
+        .with_op_timeout(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_secs(5));
+    // Sessions outlive the election, so no waiter loses its place in the queue.
+    let opts = LockOptions::watchdog(Duration::from_secs(10)).wait(Duration::from_secs(90));
+    let name = unique_name("queue");
+    const WAITERS: usize = 10;
+
+    let holder_client = dlock_zk::connect(config.clone()).await.expect("connect to the ensemble");
+    let holder = holder_client.acquire(&name, &opts).await.expect("the first holder");
+    let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for place in 1..=WAITERS {
+        let client = dlock_zk::connect(config.clone()).await.expect("connect to the ensemble");
+        let (own_name, opts, granted) = (name.clone(), opts.clone(), granted_tx.clone());
+        waiters.push(tokio::spawn(async move {
+            let lease = client.acquire(&own_name, &opts).await.unwrap_or_else(|e| panic!("waiter {place}: {e}"));
+            let _ = granted.send((place, lease.token()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            lease.release().await.unwrap_or_else(|e| panic!("waiter {place} releases: {e}"));
+        }));
+        // The next waiter queues only once this one is in the queue.
+        eventually(&format!("waiter {place} queues"), Duration::from_secs(10), || {
+            let (client, name) = (holder_client.clone(), name.clone());
+            async move { client.inspect(&name).await.is_ok_and(|info| info.waiters == Some(place)) }
+        })
+        .await;
+    }
+    drop(granted_tx);
+
+    let leader = ensemble.leader().expect("the ensemble has a leader");
+    ensemble.kill(leader);
+    tokio::task::block_in_place(|| ensemble.wait_serving(Duration::from_secs(30))).expect("the rest elects a leader");
+    assert!(!holder.is_lost(), "the holder's session outlives the election: {:?}", holder.lost_reason());
+    let first_token = holder.token();
+    holder.release().await.expect("the holder releases after the election");
+
+    let mut order = Vec::new();
+    while let Some(grant) = tokio::time::timeout(Duration::from_secs(60), granted.recv()).await.expect("grants go on") {
+        order.push(grant);
+    }
+    for waiter in waiters {
+        waiter.await.expect("waiter");
+    }
+    let places: Vec<usize> = order.iter().map(|(place, _)| *place).collect();
+    assert_eq!(places, (1..=WAITERS).collect::<Vec<_>>(), "grants out of queue order");
+    let mut last = first_token;
+    for (place, token) in order {
+        assert!(token > last, "waiter {place}'s token {token} after {last}");
+        last = token;
+    }
 }
