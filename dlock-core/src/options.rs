@@ -203,6 +203,13 @@ impl LockOptions {
     }
 
     /// Acquires as this owner: acquiring a lock the owner already holds is re-entrant.
+    ///
+    /// Where the owner's holds live differs by backend. On Redis, RedLock, the SQL
+    /// lease table and memory the owner id is stored with the hold, so any client (even
+    /// another process) acquiring with the same id re-enters it. On ZooKeeper and etcd
+    /// the hold is the client's own node or key, so only acquires through the same
+    /// client re-enter; another client with the same id waits like anyone else. Give
+    /// each process its own ids unless sharing a hold across processes is the point.
     pub fn owner(mut self, owner: OwnerId) -> Self {
         self.owner = Some(owner);
         self
