@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_core::{parse_duration, BackendUrl, ConnectOptions, HostPort, LockError};
+use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, HostPort, LockError};
 
 use crate::keys::KeyLayout;
 
@@ -51,14 +51,25 @@ pub struct ReplicaAck {
 
 /// The settings of a Redis lock client.
 ///
+/// The timeouts and the key prefix are the [`ConnectOptions`] every backend shares, set
+/// and read through [`ConnectConfig`] (re-exported by this crate).
+///
 /// ```
 /// use std::time::Duration;
-/// use dlock_redis::{RedisConfig, Topology};
+/// use dlock_redis::{ConnectConfig, RedisConfig, Topology};
 ///
 /// let config = RedisConfig::from_url("redis://app:s3cret@cache.internal:6380/2?op_timeout=500ms&prefix=shop")?;
 /// assert_eq!(config.db(), 2);
 /// assert_eq!(config.op_timeout(), Duration::from_millis(500));
 /// assert_eq!(config.prefix(), "shop");
+///
+/// // The same with the builder.
+/// let built = RedisConfig::single("cache.internal", 6380)
+///     .with_credentials("app", "s3cret")
+///     .with_db(2)
+///     .with_op_timeout(Duration::from_millis(500))
+///     .with_prefix("shop");
+/// assert_eq!(built, config);
 ///
 /// let cluster = RedisConfig::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?;
 /// assert!(matches!(cluster.topology(), Topology::Cluster(nodes) if nodes.len() == 2));
@@ -72,14 +83,14 @@ pub struct RedisConfig {
     topology: Topology,
     tls: bool,
     tls_ca: Option<PathBuf>,
-    username: Option<String>,
+    // Apart rather than a pair: `requirepass` servers take a password without a user,
+    // and a URL may name a user without a password.
+    user: Option<String>,
     password: Option<String>,
-    sentinel_username: Option<String>,
+    sentinel_user: Option<String>,
     sentinel_password: Option<String>,
     db: i64,
-    connect_timeout: Duration,
-    op_timeout: Duration,
-    prefix: String,
+    common: ConnectOptions,
     replica_ack: Option<ReplicaAck>,
 }
 
@@ -90,14 +101,12 @@ impl fmt::Debug for RedisConfig {
             .field("topology", &self.topology)
             .field("tls", &self.tls)
             .field("tls_ca", &self.tls_ca)
-            .field("username", &self.username)
+            .field("user", &self.user)
             .field("password", &secret(&self.password))
-            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_user", &self.sentinel_user)
             .field("sentinel_password", &secret(&self.sentinel_password))
             .field("db", &self.db)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("op_timeout", &self.op_timeout)
-            .field("prefix", &self.prefix)
+            .field("common", &self.common)
             .field("replica_ack", &self.replica_ack)
             .finish()
     }
@@ -120,19 +129,16 @@ impl RedisConfig {
     }
 
     fn with_topology(topology: Topology) -> Self {
-        let common = ConnectOptions::default();
         RedisConfig {
             topology,
             tls: false,
             tls_ca: None,
-            username: None,
+            user: None,
             password: None,
-            sentinel_username: None,
+            sentinel_user: None,
             sentinel_password: None,
             db: 0,
-            connect_timeout: common.connect_timeout,
-            op_timeout: common.op_timeout,
-            prefix: common.prefix,
+            common: ConnectOptions::default(),
             replica_ack: None,
         }
     }
@@ -199,11 +205,9 @@ impl RedisConfig {
         if let Some(db) = db {
             config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?;
         }
-        config.username = parsed.user.clone();
+        config.user = parsed.user.clone();
         config.password = parsed.password.clone();
-        config.connect_timeout = parsed.options.connect_timeout;
-        config.op_timeout = parsed.options.op_timeout;
-        config.prefix = parsed.options.prefix.clone();
+        config.common = parsed.options.clone();
         let rest = parsed.extra.clone();
         let mut replicas = None;
         let mut wait_timeout = None;
@@ -214,7 +218,7 @@ impl RedisConfig {
                 }
                 "wait_timeout" => wait_timeout = Some(parse_duration(&value)?),
                 "tls_ca" => config.tls_ca = Some(PathBuf::from(value)),
-                "sentinel_username" => config.sentinel_username = Some(value),
+                "sentinel_username" => config.sentinel_user = Some(value),
                 "sentinel_password" => config.sentinel_password = Some(value),
                 other => return Err(bad(&format!("unknown option {other:?}"))),
             }
@@ -234,7 +238,7 @@ impl RedisConfig {
     /// Checks the settings together; [`connect`](crate::connect) calls it too.
     pub fn validate(&self) -> Result<(), LockError> {
         let bad = |why: String| Err(LockError::InvalidInput(why));
-        KeyLayout::new(&self.prefix)?;
+        KeyLayout::new(self.prefix())?;
         let nodes = match &self.topology {
             Topology::Single(node) => std::slice::from_ref(node),
             Topology::Cluster(nodes) => nodes.as_slice(),
@@ -260,7 +264,7 @@ impl RedisConfig {
         if matches!(self.topology, Topology::Cluster(_)) && self.db != 0 {
             return bad("a Redis Cluster has only database 0".into());
         }
-        if self.connect_timeout.is_zero() || self.op_timeout.is_zero() {
+        if self.connect_timeout().is_zero() || self.op_timeout().is_zero() {
             return bad("timeouts must be above zero".into());
         }
         if let Some(ack) = self.replica_ack {
@@ -269,10 +273,11 @@ impl RedisConfig {
             }
             // WAIT 0 would block forever; a wait at least as long as an operation would
             // turn every grant into a timeout.
-            if ack.timeout < Duration::from_millis(1) || ack.timeout >= self.op_timeout {
+            if ack.timeout < Duration::from_millis(1) || ack.timeout >= self.op_timeout() {
                 return bad(format!(
                     "wait_timeout {:?} must be at least 1ms and below op_timeout {:?}",
-                    ack.timeout, self.op_timeout
+                    ack.timeout,
+                    self.op_timeout()
                 ));
             }
         }
@@ -291,42 +296,81 @@ impl RedisConfig {
         self
     }
 
-    /// ACL user name and password (or only a password, for `requirepass` servers).
-    pub fn with_credentials(mut self, username: Option<&str>, password: Option<&str>) -> Self {
-        self.username = username.map(str::to_string);
-        self.password = password.map(str::to_string);
+    /// Authenticates as this ACL user, with this password (`AUTH user password`), in
+    /// place of any credentials set before. On a Sentinel deployment these are the
+    /// master's; see [`with_sentinel_credentials`](Self::with_sentinel_credentials).
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::single("127.0.0.1", 6379).with_credentials("app", "s3cret");
+    /// assert_eq!((config.user(), config.password()), (Some("app"), Some("s3cret")));
+    /// ```
+    pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
         self
     }
 
-    /// The Sentinels' own ACL user name and password, when they differ from the master's.
-    pub fn with_sentinel_credentials(mut self, username: Option<&str>, password: Option<&str>) -> Self {
-        self.sentinel_username = username.map(str::to_string);
-        self.sentinel_password = password.map(str::to_string);
+    /// Authenticates with a password alone (`AUTH password`), for servers protected by
+    /// `requirepass` rather than ACL users, in place of any credentials set before.
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::single("127.0.0.1", 6379).with_password("s3cret");
+    /// assert_eq!((config.user(), config.password()), (None, Some("s3cret")));
+    /// ```
+    pub fn with_password(mut self, password: impl Into<String>) -> Self {
+        self.user = None;
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Authenticates to the Sentinels as this ACL user, with this password, when their
+    /// credentials differ from the master's (URL options `sentinel_username` and
+    /// `sentinel_password`). Only a Sentinel deployment uses them.
+    ///
+    /// ```
+    /// use dlock_redis::{Node, RedisConfig};
+    ///
+    /// let config = RedisConfig::sentinel([Node::new("10.0.0.5", 26379)], "orders")
+    ///     .with_credentials("app", "s3cret")
+    ///     .with_sentinel_credentials("watcher", "hunter2");
+    /// assert_eq!((config.sentinel_user(), config.sentinel_password()), (Some("watcher"), Some("hunter2")));
+    /// assert_eq!(config.user(), Some("app"));
+    /// ```
+    pub fn with_sentinel_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.sentinel_user = Some(user.into());
+        self.sentinel_password = Some(password.into());
+        self
+    }
+
+    /// Authenticates to the Sentinels with a password alone (Sentinels protected by
+    /// `requirepass`), when it differs from the master's.
+    ///
+    /// ```
+    /// use dlock_redis::{Node, RedisConfig};
+    ///
+    /// let config = RedisConfig::sentinel([Node::new("10.0.0.5", 26379)], "orders").with_sentinel_password("hunter2");
+    /// assert_eq!((config.sentinel_user(), config.sentinel_password()), (None, Some("hunter2")));
+    /// ```
+    pub fn with_sentinel_password(mut self, password: impl Into<String>) -> Self {
+        self.sentinel_user = None;
+        self.sentinel_password = Some(password.into());
+        self
+    }
+
+    /// Copies credentials as a URL may give them, a user without a password included.
+    pub(crate) fn with_auth(mut self, user: Option<&str>, password: Option<&str>) -> Self {
+        self.user = user.map(str::to_string);
+        self.password = password.map(str::to_string);
         self
     }
 
     /// The logical database (not on a Cluster).
     pub fn with_db(mut self, db: i64) -> Self {
         self.db = db;
-        self
-    }
-
-    /// How long connecting may take before `Unavailable`.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long one command may take before `Unavailable`.
-    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
-        self
-    }
-
-    /// The key prefix (default `dlock`). It may not contain `{` or `}`, which would
-    /// break the hash tag that keeps a lock's keys in one Cluster slot.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
         self
     }
 
@@ -353,22 +397,54 @@ impl RedisConfig {
         self.tls_ca.as_deref()
     }
 
-    /// The ACL user name, if any.
-    pub fn username(&self) -> Option<&str> {
-        self.username.as_deref()
+    /// The ACL user name, if any (none with [`with_password`](Self::with_password)).
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// assert_eq!(RedisConfig::from_url("redis://app:s3cret@h")?.user(), Some("app"));
+    /// assert_eq!(RedisConfig::from_url("redis://:s3cret@h")?.user(), None);
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
     }
 
     /// The password, if any.
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// assert_eq!(RedisConfig::from_url("redis://:s3cret@h")?.password(), Some("s3cret"));
+    /// assert_eq!(RedisConfig::from_url("redis://h")?.password(), None);
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
     pub fn password(&self) -> Option<&str> {
         self.password.as_deref()
     }
 
-    /// The Sentinels' user name, if any.
-    pub fn sentinel_username(&self) -> Option<&str> {
-        self.sentinel_username.as_deref()
+    /// The Sentinels' ACL user name, if any.
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::from_url("redis+sentinel://s1/orders?sentinel_username=watcher&sentinel_password=x")?;
+    /// assert_eq!(config.sentinel_user(), Some("watcher"));
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn sentinel_user(&self) -> Option<&str> {
+        self.sentinel_user.as_deref()
     }
 
     /// The Sentinels' password, if any.
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::from_url("redis+sentinel://s1/orders?sentinel_password=x")?;
+    /// assert_eq!((config.sentinel_user(), config.sentinel_password()), (None, Some("x")));
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
     pub fn sentinel_password(&self) -> Option<&str> {
         self.sentinel_password.as_deref()
     }
@@ -378,24 +454,38 @@ impl RedisConfig {
         self.db
     }
 
-    /// The connect timeout.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// The operation timeout.
-    pub fn op_timeout(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// The replica acknowledgement demanded, if any.
     pub fn replica_ack(&self) -> Option<ReplicaAck> {
         self.replica_ack
+    }
+}
+
+/// `with_connect_timeout`, `with_op_timeout`, `with_prefix` and their getters. The
+/// connect timeout bounds connecting (and loading the scripts); the operation timeout,
+/// one lock operation. The prefix may not contain `{` or `}`, which would break the hash
+/// tag that keeps a lock's keys in one Cluster slot: [`validate`](RedisConfig::validate)
+/// and `connect` refuse it.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_redis::{ConnectConfig, RedisConfig};
+///
+/// let config = RedisConfig::single("127.0.0.1", 6379)
+///     .with_connect_timeout(Duration::from_secs(2))
+///     .with_op_timeout(Duration::from_millis(500))
+///     .with_prefix("shop");
+/// assert_eq!(config.connect_timeout(), Duration::from_secs(2));
+/// assert_eq!(config.op_timeout(), Duration::from_millis(500));
+/// assert_eq!(config.prefix(), "shop");
+/// assert!(config.with_prefix("a{b").validate().is_err());
+/// ```
+impl ConnectConfig for RedisConfig {
+    fn common(&self) -> &ConnectOptions {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut ConnectOptions {
+        &mut self.common
     }
 }
 
@@ -423,12 +513,12 @@ mod tests {
         let c = RedisConfig::from_url("rediss://u%40x:p%3Aw@[::1]:7000/3?connect_timeout=2s").unwrap();
         assert_eq!(c.topology(), &Topology::Single(Node::new("::1", 7000)));
         assert!(c.tls());
-        assert_eq!((c.username(), c.password()), (Some("u@x"), Some("p:w")));
+        assert_eq!((c.user(), c.password()), (Some("u@x"), Some("p:w")));
         assert_eq!(c.db(), 3);
         assert_eq!(c.connect_timeout(), Duration::from_secs(2));
 
         let c = RedisConfig::from_url("redis://:onlypass@h:1").unwrap();
-        assert_eq!((c.username(), c.password()), (None, Some("onlypass")));
+        assert_eq!((c.user(), c.password()), (None, Some("onlypass")));
     }
 
     #[test]
@@ -491,5 +581,42 @@ mod tests {
         assert!(!err.contains("hunter2"), "{err}");
         let config = RedisConfig::from_url("redis://user:hunter2@h").unwrap();
         assert!(!format!("{config:?}").contains("hunter2"));
+        let built = RedisConfig::sentinel([Node::new("s", 1)], "m")
+            .with_credentials("app", "hunter2")
+            .with_sentinel_credentials("watcher", "hunter3");
+        let shown = format!("{built:?}");
+        assert!(!shown.contains("hunter2") && !shown.contains("hunter3"), "{shown}");
+        assert!(shown.contains("app") && shown.contains("watcher"), "{shown}");
+    }
+
+    #[test]
+    fn builds_with_credentials_and_common_options() {
+        let c = RedisConfig::single("h", 1)
+            .with_credentials("app", "s3cret")
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_prefix("shop");
+        assert_eq!((c.user(), c.password()), (Some("app"), Some("s3cret")));
+        assert_eq!(c.connect_timeout(), Duration::from_secs(2));
+        assert_eq!(c.op_timeout(), ConnectOptions::default().op_timeout);
+        assert_eq!(c.prefix(), "shop");
+        assert!(c.validate().is_ok());
+        assert_eq!(c, RedisConfig::from_url("redis://app:s3cret@h:1?connect_timeout=2s&prefix=shop").unwrap());
+    }
+
+    #[test]
+    fn builds_with_a_password_alone() {
+        let c = RedisConfig::single("h", 1).with_password("s3cret");
+        assert_eq!((c.user(), c.password()), (None, Some("s3cret")));
+        assert_eq!(c, RedisConfig::from_url("redis://:s3cret@h:1").unwrap());
+        // A password alone replaces an ACL user set before, and the other way round.
+        let c = c.with_credentials("app", "other").with_password("s3cret");
+        assert_eq!((c.user(), c.password()), (None, Some("s3cret")));
+        let c = c.with_credentials("app", "other");
+        assert_eq!((c.user(), c.password()), (Some("app"), Some("other")));
+
+        let s = RedisConfig::sentinel([Node::new("s", 1)], "m").with_sentinel_password("x");
+        assert_eq!((s.sentinel_user(), s.sentinel_password()), (None, Some("x")));
+        assert_eq!((s.user(), s.password()), (None, None));
+        assert_eq!(s, RedisConfig::from_url("redis+sentinel://s:1/m?sentinel_password=x").unwrap());
     }
 }

@@ -16,7 +16,7 @@ use redis::{
 };
 
 use dlock_core::backend::lock_unpoisoned;
-use dlock_core::LockError;
+use dlock_core::{ConnectConfig, LockError};
 
 use crate::config::{Node, RedisConfig, Topology};
 use crate::error::{suggests_failover, to_lock_error};
@@ -254,8 +254,8 @@ async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected>
             let mut builder = ClusterClientBuilder::new(infos.clone())
                 .connection_timeout(config.connect_timeout())
                 .retries(RECONNECT_RETRIES as u32);
-            if let Some(username) = config.username() {
-                builder = builder.username(username);
+            if let Some(user) = config.user() {
+                builder = builder.username(user);
             }
             if let Some(password) = config.password() {
                 builder = builder.password(password);
@@ -274,14 +274,14 @@ async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected>
             let addrs = sentinels.iter().map(|node| node_addr(node, config.tls()));
             let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?
                 .set_client_to_redis_db(config.db());
-            if let Some(username) = config.username() {
-                builder = builder.set_client_to_redis_username(username);
+            if let Some(user) = config.user() {
+                builder = builder.set_client_to_redis_username(user);
             }
             if let Some(password) = config.password() {
                 builder = builder.set_client_to_redis_password(password);
             }
-            if let Some(username) = config.sentinel_username() {
-                builder = builder.set_client_to_sentinel_username(username);
+            if let Some(user) = config.sentinel_user() {
+                builder = builder.set_client_to_sentinel_username(user);
             }
             if let Some(password) = config.sentinel_password() {
                 builder = builder.set_client_to_sentinel_password(password);
@@ -321,8 +321,8 @@ fn node_addr(node: &Node, tls: bool) -> ConnectionAddr {
 /// The connection settings of one node: address, TLS, credentials, database.
 pub(crate) fn node_info(node: &Node, config: &RedisConfig) -> ConnectionInfo {
     let mut redis = RedisConnectionInfo::default().set_db(config.db());
-    if let Some(username) = config.username() {
-        redis = redis.set_username(username);
+    if let Some(user) = config.user() {
+        redis = redis.set_username(user);
     }
     if let Some(password) = config.password() {
         redis = redis.set_password(password);

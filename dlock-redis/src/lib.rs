@@ -28,7 +28,8 @@
 //! Query options: `connect_timeout`, `op_timeout`, `prefix` (default `dlock`; no braces),
 //! `wait_replicas` and `wait_timeout` (see below), `tls_ca` (a PEM file of CAs to trust
 //! instead of the system's), `sentinel_username` and `sentinel_password`. Every option
-//! has a builder method on [`RedisConfig`]. A client keeps one multiplexed command
+//! has a builder method on [`RedisConfig`] (the first three through [`ConnectConfig`],
+//! as on every backend's configuration). A client keeps one multiplexed command
 //! connection, which reconnects on its own, and opens one pub/sub connection the first
 //! time one of its acquires has to wait. RedLock URLs have options of their own (see
 //! [`RedLockConfig::from_url`]) and connect with [`redlock::connect`].
@@ -158,6 +159,8 @@ pub use backend::{RedisBackend, RedisHold, CAPABILITIES};
 pub use baseline::RedisBaseline;
 pub use config::{Node, RedisConfig, ReplicaAck, Topology, SCHEMES};
 pub use connection::{NodeSource, RedisConnection};
+/// The shared builder methods of [`RedisConfig`] and [`RedLockConfig`] (timeouts and prefix).
+pub use dlock_core::ConnectConfig;
 pub use keys::{KeyLayout, LockKeys};
 pub use redlock::{RedLockConfig, RedLockLocker};
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use dlock_core::{LockName, LockOptions, Locker};
-use dlock_redis::{KeyLayout, RedisConfig};
+use dlock_redis::{ConnectConfig, KeyLayout, RedisConfig};
 use dlock_testkit::supervisor::redis::{cli, RedisCluster};
 
 fn slot_of(cluster: &RedisCluster, key: &str) -> u16 {

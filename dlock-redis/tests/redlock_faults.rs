@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use dlock_conformance::history::{FencedRegister, History, Op, Phase};
 use dlock_conformance::{Fixture, Timing};
 use dlock_core::{LockError, LockName, LockOptions, LostReason};
+use dlock_redis::ConnectConfig;
 use support::redlock::{RedLockFixture, MASTERS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

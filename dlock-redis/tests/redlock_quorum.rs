@@ -10,6 +10,7 @@ use dlock_conformance::properties::eventually;
 use dlock_conformance::{Fixture, Link};
 use dlock_core::{LockError, LockName, LockOptions, Locker};
 use dlock_redis::redlock::{self, RedLockLocker};
+use dlock_redis::ConnectConfig;
 use support::redlock::{RedLockFixture, MASTERS};
 
 /// A ttl far above the per-node timeout, so that "failed well under the ttl" shows that

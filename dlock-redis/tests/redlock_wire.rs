@@ -11,7 +11,7 @@ use dlock_conformance::properties::eventually;
 use dlock_core::{LockName, LockOptions, Locker};
 use dlock_redis::redlock::{self, RedLockConfig, RedLockLocker, TokenSource};
 use dlock_redis::scripts::scripts;
-use dlock_redis::Node;
+use dlock_redis::{ConnectConfig, Node};
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters};
 use support::monitor::{client_commands, Monitor, Sent};
 

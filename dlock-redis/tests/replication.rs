@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use dlock_core::{LockError, LockName, LockOptions, Locker};
-use dlock_redis::RedisConfig;
+use dlock_redis::{ConnectConfig, RedisConfig};
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisSentinel, RedisServer};
 
 fn master_and_replica() -> (RedisServer, RedisServer) {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use dlock_conformance::Fault;
 use dlock_core::{Lease, LockError, LockName, LockOptions, Locker};
-use dlock_redis::{RedisConfig, RedisLocker};
+use dlock_redis::{ConnectConfig, RedisConfig, RedisLocker};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisSentinel, RedisServer};
 

@@ -1,4 +1,5 @@
-//! Settings from the URL reach the server: ACL user and password, database, key prefix.
+//! Settings reach the server: ACL user and password (from the URL or the builder), a
+//! password alone, database, key prefix.
 
 mod support;
 
@@ -49,4 +50,24 @@ async fn wrong_credentials_fail_without_hanging() {
             other => panic!("{url}: expected an error, got {:?}", other.map(|_| "a client")),
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_from_the_builder_reach_the_server() {
+    let acl = server_with_acl_user();
+    let args = ["--requirepass", "s3cr%t"];
+    let requirepass =
+        RedisServer::start(&ServerConfig { extra_args: args.map(String::from).to_vec(), ..ServerConfig::default() })
+            .unwrap();
+    let name = LockName::new("builder").unwrap();
+    for config in [
+        support::client_config(acl.addr()).with_credentials("locks", "s3cr%t"),
+        support::client_config(requirepass.addr()).with_password("s3cr%t"),
+    ] {
+        let locker = dlock_redis::connect(config.clone()).await.unwrap_or_else(|err| panic!("{config:?}: {err}"));
+        let lease = locker.acquire(&name, &LockOptions::new()).await.unwrap();
+        lease.release().await.unwrap();
+    }
+    let unauthenticated = dlock_redis::connect(support::client_config(requirepass.addr())).await;
+    assert!(unauthenticated.is_err(), "a requirepass server took a client without the password");
 }

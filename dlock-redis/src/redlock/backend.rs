@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_core::backend::lock_unpoisoned;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
-use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId};
+use dlock_core::{Capabilities, ConnectConfig, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 

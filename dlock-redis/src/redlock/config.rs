@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_core::{parse_duration, BackendUrl, ConnectOptions, LockError, MAX_DURATION};
+use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError, MAX_DURATION};
 
 use crate::config::{Node, RedisConfig, DEFAULT_PORT};
 use crate::keys::KeyLayout;
@@ -40,9 +40,13 @@ pub enum TokenSource {
 
 /// The settings of a RedLock client over N independent Redis masters.
 ///
+/// The timeouts and the key prefix are the [`ConnectOptions`] every backend shares, set
+/// and read through [`ConnectConfig`] (re-exported by this crate).
+///
 /// ```
 /// use std::time::Duration;
 /// use dlock_redis::redlock::{RedLockConfig, TokenSource};
+/// use dlock_redis::ConnectConfig;
 ///
 /// let config = RedLockConfig::from_url(
 ///     "redlock://app:s3cret@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/2?node_timeout=50ms&prefix=shop",
@@ -51,11 +55,12 @@ pub enum TokenSource {
 /// assert_eq!(config.quorum(), 2);
 /// assert_eq!(config.node_timeout(), Duration::from_millis(50));
 /// assert_eq!(config.token_source(), TokenSource::Clock);
+/// assert_eq!(config.prefix(), "shop");
 ///
 /// // The same with the builder.
 /// use dlock_redis::Node;
 /// let built = RedLockConfig::new((1..=3).map(|i| Node::new(format!("10.0.0.{i}"), 6379)))
-///     .with_credentials(Some("app"), Some("s3cret"))
+///     .with_credentials("app", "s3cret")
 ///     .with_db(2)
 ///     .with_node_timeout(Duration::from_millis(50))
 ///     .with_prefix("shop");
@@ -67,13 +72,13 @@ pub struct RedLockConfig {
     nodes: Vec<Node>,
     tls: bool,
     tls_ca: Option<PathBuf>,
-    username: Option<String>,
+    // Apart rather than a pair: `requirepass` servers take a password without a user,
+    // and a URL may name a user without a password.
+    user: Option<String>,
     password: Option<String>,
     db: i64,
-    connect_timeout: Duration,
-    op_timeout: Duration,
+    common: ConnectOptions,
     node_timeout: Duration,
-    prefix: String,
     drift_factor: f64,
     drift_fixed: Duration,
     retry_delay: Duration,
@@ -86,13 +91,11 @@ impl fmt::Debug for RedLockConfig {
             .field("nodes", &self.nodes)
             .field("tls", &self.tls)
             .field("tls_ca", &self.tls_ca)
-            .field("username", &self.username)
+            .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("db", &self.db)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("op_timeout", &self.op_timeout)
+            .field("common", &self.common)
             .field("node_timeout", &self.node_timeout)
-            .field("prefix", &self.prefix)
             .field("drift_factor", &self.drift_factor)
             .field("drift_fixed", &self.drift_fixed)
             .field("retry_delay", &self.retry_delay)
@@ -106,18 +109,15 @@ impl RedLockConfig {
     /// [`ConnectOptions`], a [`DEFAULT_NODE_TIMEOUT`] per node, a drift allowance of
     /// 1% of the ttl + 2 ms, a [`DEFAULT_RETRY_DELAY`], and [`TokenSource::Clock`].
     pub fn new(nodes: impl IntoIterator<Item = Node>) -> Self {
-        let common = ConnectOptions::default();
         RedLockConfig {
             nodes: nodes.into_iter().collect(),
             tls: false,
             tls_ca: None,
-            username: None,
+            user: None,
             password: None,
             db: 0,
-            connect_timeout: common.connect_timeout,
-            op_timeout: common.op_timeout,
+            common: ConnectOptions::default(),
             node_timeout: DEFAULT_NODE_TIMEOUT,
-            prefix: common.prefix,
             drift_factor: 0.01,
             drift_fixed: Duration::from_millis(2),
             retry_delay: DEFAULT_RETRY_DELAY,
@@ -144,7 +144,7 @@ impl RedLockConfig {
             _ => return Err(bad(&format!("unknown scheme (use one of {})", SCHEMES.join(", ")))),
         };
         let mut config = Self::new(parsed.hosts.clone()).with_tls(tls);
-        config.username = parsed.user.clone();
+        config.user = parsed.user.clone();
         config.password = parsed.password.clone();
         let segments: Vec<&str> = parsed.path.split('/').filter(|s| !s.is_empty()).collect();
         match segments.as_slice() {
@@ -152,9 +152,7 @@ impl RedLockConfig {
             [db] => config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?,
             _ => return Err(bad("expected at most /<db> after the addresses")),
         }
-        config.connect_timeout = parsed.options.connect_timeout;
-        config.op_timeout = parsed.options.op_timeout;
-        config.prefix = parsed.options.prefix.clone();
+        config.common = parsed.options.clone();
         let rest = parsed.extra.clone();
         for (key, value) in rest {
             match key.as_str() {
@@ -185,7 +183,7 @@ impl RedLockConfig {
     /// Checks the settings together; [`connect`](super::connect) calls it too.
     pub fn validate(&self) -> Result<(), LockError> {
         let bad = |why: String| Err(LockError::InvalidInput(why));
-        KeyLayout::new(&self.prefix)?;
+        KeyLayout::new(self.prefix())?;
         if self.nodes.is_empty() {
             return bad("RedLock needs at least one node".into());
         }
@@ -205,15 +203,16 @@ impl RedLockConfig {
         if self.db < 0 {
             return bad(format!("database {} is negative", self.db));
         }
-        if self.connect_timeout.is_zero() || self.op_timeout.is_zero() || self.node_timeout.is_zero() {
+        if self.connect_timeout().is_zero() || self.op_timeout().is_zero() || self.node_timeout.is_zero() {
             return bad("timeouts must be above zero".into());
         }
         // An attempt is a few fan-outs, each bounded by the node timeout, and must end
         // well within one operation.
-        if self.node_timeout.saturating_mul(4) > self.op_timeout {
+        if self.node_timeout.saturating_mul(4) > self.op_timeout() {
             return bad(format!(
                 "node_timeout {:?} must be at most a quarter of op_timeout {:?}",
-                self.node_timeout, self.op_timeout
+                self.node_timeout,
+                self.op_timeout()
             ));
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
@@ -240,10 +239,35 @@ impl RedLockConfig {
         self
     }
 
-    /// ACL user name and password (or only a password), the same on every node.
-    pub fn with_credentials(mut self, username: Option<&str>, password: Option<&str>) -> Self {
-        self.username = username.map(str::to_string);
-        self.password = password.map(str::to_string);
+    /// Authenticates to every node as this ACL user, with this password, in place of any
+    /// credentials set before.
+    ///
+    /// ```
+    /// use dlock_redis::redlock::RedLockConfig;
+    /// use dlock_redis::Node;
+    ///
+    /// let config = RedLockConfig::new([Node::new("10.0.0.1", 6379)]).with_credentials("app", "s3cret");
+    /// assert_eq!((config.user(), config.password()), (Some("app"), Some("s3cret")));
+    /// ```
+    pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Authenticates to every node with a password alone, for servers protected by
+    /// `requirepass` rather than ACL users, in place of any credentials set before.
+    ///
+    /// ```
+    /// use dlock_redis::redlock::RedLockConfig;
+    /// use dlock_redis::Node;
+    ///
+    /// let config = RedLockConfig::new([Node::new("10.0.0.1", 6379)]).with_password("s3cret");
+    /// assert_eq!((config.user(), config.password()), (None, Some("s3cret")));
+    /// ```
+    pub fn with_password(mut self, password: impl Into<String>) -> Self {
+        self.user = None;
+        self.password = Some(password.into());
         self
     }
 
@@ -253,28 +277,10 @@ impl RedLockConfig {
         self
     }
 
-    /// How long connecting to the nodes may take.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long one lock operation (all its fan-outs) may take before `Unavailable`.
-    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
-        self
-    }
-
     /// How long one call to one node may take before the node counts as not answering.
     /// Keep it far below your ttls and at most a quarter of the operation timeout.
     pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
-        self
-    }
-
-    /// The key prefix (default `dlock`), without `{` or `}`.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
         self
     }
 
@@ -320,12 +326,28 @@ impl RedLockConfig {
         self.tls_ca.as_deref()
     }
 
-    /// The ACL user name, if any.
-    pub fn username(&self) -> Option<&str> {
-        self.username.as_deref()
+    /// The ACL user name, if any (none with [`with_password`](Self::with_password)).
+    ///
+    /// ```
+    /// use dlock_redis::redlock::RedLockConfig;
+    ///
+    /// assert_eq!(RedLockConfig::from_url("redlock://app:s3cret@a,b,c")?.user(), Some("app"));
+    /// assert_eq!(RedLockConfig::from_url("redlock://:s3cret@a,b,c")?.user(), None);
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
     }
 
     /// The password, if any.
+    ///
+    /// ```
+    /// use dlock_redis::redlock::RedLockConfig;
+    ///
+    /// assert_eq!(RedLockConfig::from_url("redlock://:s3cret@a,b,c")?.password(), Some("s3cret"));
+    /// assert_eq!(RedLockConfig::from_url("redlock://a,b,c")?.password(), None);
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
     pub fn password(&self) -> Option<&str> {
         self.password.as_deref()
     }
@@ -335,24 +357,9 @@ impl RedLockConfig {
         self.db
     }
 
-    /// The connect timeout.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// The operation timeout.
-    pub fn op_timeout(&self) -> Duration {
-        self.op_timeout
-    }
-
     /// The per-node timeout.
     pub fn node_timeout(&self) -> Duration {
         self.node_timeout
-    }
-
-    /// The key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
     }
 
     /// The clock-drift allowance for a lease of `ttl`.
@@ -374,15 +381,45 @@ impl RedLockConfig {
     pub fn node_config(&self, node: &Node) -> RedisConfig {
         let mut config = RedisConfig::single(node.host.clone(), node.port)
             .with_tls(self.tls)
-            .with_credentials(self.username(), self.password())
-            .with_db(self.db)
-            .with_connect_timeout(self.connect_timeout)
-            .with_op_timeout(self.op_timeout)
-            .with_prefix(self.prefix.clone());
+            .with_auth(self.user(), self.password())
+            .with_db(self.db);
+        *config.common_mut() = self.common.clone();
         if let Some(ca) = &self.tls_ca {
             config = config.with_tls_ca(ca.clone());
         }
         config
+    }
+}
+
+/// `with_connect_timeout`, `with_op_timeout`, `with_prefix` and their getters. The
+/// connect timeout bounds connecting to the nodes; the operation timeout, one lock
+/// operation with all its fan-outs, and must be at least four times the
+/// [node timeout](RedLockConfig::with_node_timeout). The prefix may not contain `{` or
+/// `}`: [`validate`](RedLockConfig::validate) and `connect` refuse it.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_redis::redlock::RedLockConfig;
+/// use dlock_redis::{ConnectConfig, Node};
+///
+/// let config = RedLockConfig::new([Node::new("10.0.0.1", 6379)])
+///     .with_connect_timeout(Duration::from_secs(2))
+///     .with_op_timeout(Duration::from_millis(400))
+///     .with_prefix("shop");
+/// assert_eq!(config.connect_timeout(), Duration::from_secs(2));
+/// assert_eq!(config.op_timeout(), Duration::from_millis(400));
+/// assert_eq!(config.prefix(), "shop");
+/// // 400 ms is four times the default node timeout; less is refused.
+/// assert!(config.validate().is_ok());
+/// assert!(config.with_op_timeout(Duration::from_millis(399)).validate().is_err());
+/// ```
+impl ConnectConfig for RedLockConfig {
+    fn common(&self) -> &ConnectOptions {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut ConnectOptions {
+        &mut self.common
     }
 }
 
@@ -407,7 +444,7 @@ mod tests {
         )
         .unwrap();
         assert!(c.tls());
-        assert_eq!((c.username(), c.password(), c.db()), (Some("u"), Some("p@ss"), 3));
+        assert_eq!((c.user(), c.password(), c.db()), (Some("u"), Some("p@ss"), 3));
         assert_eq!(c.quorum(), 2);
         assert_eq!(c.node_timeout(), Duration::from_millis(20));
         assert_eq!(c.drift(Duration::from_secs(10)), Duration::from_millis(500));
@@ -417,7 +454,10 @@ mod tests {
 
         let node = c.node_config(&c.nodes()[1]);
         assert_eq!(node.topology(), &crate::Topology::Single(Node::new("b", 6379)));
-        assert_eq!((node.db(), node.password(), node.tls()), (3, Some("p@ss"), true));
+        assert_eq!((node.db(), node.user(), node.password(), node.tls()), (3, Some("u"), Some("p@ss"), true));
+        assert_eq!((node.op_timeout(), node.connect_timeout()), (c.op_timeout(), c.connect_timeout()));
+        assert_eq!(node.prefix(), c.prefix());
+        assert_eq!(node.tls_ca(), Some(Path::new("/ca.pem")));
     }
 
     #[test]
@@ -464,5 +504,34 @@ mod tests {
         assert!(!err.contains("hunter2"), "{err}");
         let config = RedLockConfig::from_url("redlock://u:hunter2@a,b").unwrap();
         assert!(!format!("{config:?}").contains("hunter2"));
+        let built = RedLockConfig::new([Node::new("a", 1)]).with_credentials("app", "hunter2");
+        let shown = format!("{built:?}");
+        assert!(!shown.contains("hunter2") && shown.contains("app"), "{shown}");
+    }
+
+    #[test]
+    fn builds_with_credentials_and_common_options() {
+        let nodes = [Node::new("a", 1), Node::new("b", 2), Node::new("c", 3)];
+        let c = RedLockConfig::new(nodes.clone())
+            .with_credentials("app", "s3cret")
+            .with_op_timeout(Duration::from_secs(2))
+            .with_prefix("shop");
+        assert_eq!((c.user(), c.password()), (Some("app"), Some("s3cret")));
+        assert_eq!(c.op_timeout(), Duration::from_secs(2));
+        assert_eq!(c.connect_timeout(), ConnectOptions::default().connect_timeout);
+        assert_eq!(c.prefix(), "shop");
+        assert!(c.validate().is_ok());
+        assert_eq!(c, RedLockConfig::from_url("redlock://app:s3cret@a:1,b:2,c:3?op_timeout=2s&prefix=shop").unwrap());
+        let node = c.node_config(&nodes[0]);
+        assert_eq!((node.user(), node.password(), node.prefix()), (Some("app"), Some("s3cret"), "shop"));
+    }
+
+    #[test]
+    fn builds_with_a_password_alone() {
+        let c = RedLockConfig::new([Node::new("a", 1)]).with_credentials("app", "other").with_password("s3cret");
+        assert_eq!((c.user(), c.password()), (None, Some("s3cret")));
+        assert_eq!(c, RedLockConfig::from_url("redlock://:s3cret@a:1").unwrap());
+        let node = c.node_config(&c.nodes()[0]);
+        assert_eq!((node.user(), node.password()), (None, Some("s3cret")));
     }
 }

@@ -126,7 +126,7 @@ mod nodes;
 mod quorum;
 pub mod token;
 
-use dlock_core::{Client, ClientConfig, LockError};
+use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
 
 pub use backend::{RedLockBackend, RedLockHold, RedLockTicket};
 pub use baseline::RedLockBaseline;

@@ -9,7 +9,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use redis::RedisResult;
 
-use dlock_core::LockError;
+use dlock_core::{ConnectConfig, LockError};
 
 use super::config::RedLockConfig;
 use super::quorum::Answer;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
-use dlock_redis::{RedisConfig, Topology};
+use dlock_redis::{ConnectConfig, RedisConfig, Topology};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::external_url;
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
@@ -93,7 +93,7 @@ impl RedisFixture {
             other => panic!("admin connection to {other:?}"),
         };
         let mut info = redis::RedisConnectionInfo::default().set_db(self.config.db());
-        if let Some(user) = self.config.username() {
+        if let Some(user) = self.config.user() {
             info = info.set_username(user);
         }
         if let Some(password) = self.config.password() {
@@ -118,6 +118,16 @@ pub(crate) fn client_config(addr: SocketAddr) -> RedisConfig {
 
 fn timeouts(config: RedisConfig) -> RedisConfig {
     config.with_op_timeout(OP_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT)
+}
+
+/// `config` authenticating as a URL's `user` and `password` did.
+fn same_credentials(config: RedisConfig, user: Option<&str>, password: Option<&str>) -> RedisConfig {
+    match (user, password) {
+        (Some(user), Some(password)) => config.with_credentials(user, password),
+        (None, Some(password)) => config.with_password(password),
+        // Without a password nothing is sent (`AUTH` needs one), whatever the user.
+        (_, None) => config,
+    }
 }
 
 #[async_trait]
@@ -146,11 +156,8 @@ impl Evict for RedisFixture {
 impl Faults for RedisFixture {
     async fn faulty_client(&self) -> FaultyClient {
         let proxy = FaultProxy::start(self.address()).await.expect("start the fault proxy");
-        let config = timeouts(
-            RedisConfig::single(proxy.addr().ip().to_string(), proxy.addr().port())
-                .with_db(self.config.db())
-                .with_credentials(self.config.username(), self.config.password()),
-        );
+        let config = RedisConfig::single(proxy.addr().ip().to_string(), proxy.addr().port()).with_db(self.config.db());
+        let config = timeouts(same_credentials(config, self.config.user(), self.config.password()));
         let locker = dlock_redis::connect(config).await.expect("connect through the proxy");
         let link = Box::new(proxy.link());
         self.proxies.lock().unwrap().push(proxy);

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_redis::redlock::{self, RedLockConfig};
-use dlock_redis::Node;
+use dlock_redis::{ConnectConfig, Node};
 use dlock_testkit::proxy::{FaultProxy, ProxyLink};
 use dlock_testkit::supervisor::external_url;
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters};
@@ -97,12 +97,14 @@ impl RedLockFixture {
             links.push(proxy.link());
             self.proxies.lock().unwrap().push(proxy);
         }
-        let config = timeouts(
-            RedLockConfig::new(nodes)
-                .with_db(self.config.db())
-                .with_credentials(self.config.username(), self.config.password())
-                .with_prefix(self.config.prefix()),
-        );
+        let mut config = RedLockConfig::new(nodes).with_db(self.config.db()).with_prefix(self.config.prefix());
+        config = match (self.config.user(), self.config.password()) {
+            (Some(user), Some(password)) => config.with_credentials(user, password),
+            (None, Some(password)) => config.with_password(password),
+            // Without a password nothing is sent (`AUTH` needs one), whatever the user.
+            (_, None) => config,
+        };
+        let config = timeouts(config);
         (config, links)
     }
 
@@ -110,7 +112,7 @@ impl RedLockFixture {
     pub(crate) async fn admin(&self, index: usize) -> redis::aio::MultiplexedConnection {
         let node = &self.config.nodes()[index];
         let mut info = redis::RedisConnectionInfo::default().set_db(self.config.db());
-        if let Some(user) = self.config.username() {
+        if let Some(user) = self.config.user() {
             info = info.set_username(user);
         }
         if let Some(password) = self.config.password() {
