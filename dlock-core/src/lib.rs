@@ -64,6 +64,7 @@
 //! [`ClientStats`] gives the same counts for one client, without a recorder.
 
 pub mod backend;
+#[cfg(feature = "bench")]
 mod baseline;
 mod client;
 mod connect;
@@ -83,6 +84,7 @@ mod testing;
 mod token;
 mod url;
 
+#[cfg(feature = "bench")]
 pub use baseline::RawBaseline;
 pub use client::{Client, ClientConfig};
 pub use connect::{parse_duration, percent_decode, ConnectConfig, ConnectOptions};

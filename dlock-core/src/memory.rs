@@ -33,6 +33,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 
 use crate::backend::{lock_unpoisoned, Attempt, Backend, Client, ClientConfig, Release, Renewal, Request, RequestId};
+#[cfg(feature = "bench")]
 use crate::baseline::RawBaseline;
 use crate::error::{LockError, LostReason};
 use crate::info::{Capabilities, Holder, LockInfo};
@@ -165,6 +166,7 @@ impl MemoryStore {
 
     /// The raw baseline of this store for `dlock bench`: the grant and release steps
     /// called directly, without a client's machinery.
+    #[cfg(feature = "bench")]
     pub fn raw_baseline(&self) -> MemoryBaseline {
         MemoryBaseline { backend: self.backend() }
     }
@@ -609,16 +611,19 @@ fn drop_ticket(slot: &mut Slot, ticket: &mut Option<MemoryTicket>) {
 }
 
 /// The memory backend's raw baseline (see [`RawBaseline`]).
+#[cfg(feature = "bench")]
 pub struct MemoryBaseline {
     backend: MemoryBackend,
 }
 
+#[cfg(feature = "bench")]
 impl std::fmt::Debug for MemoryBaseline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryBaseline").finish_non_exhaustive()
     }
 }
 
+#[cfg(feature = "bench")]
 #[async_trait]
 impl RawBaseline for MemoryBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
@@ -636,6 +641,7 @@ impl RawBaseline for MemoryBaseline {
     }
 }
 
+#[cfg(feature = "bench")]
 fn baseline_request(name: &LockName) -> Result<Request, LockError> {
     Ok(Request {
         name: name.clone(),

@@ -89,6 +89,7 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "bench")]
 mod baseline;
 mod cluster;
 mod config;
@@ -103,6 +104,7 @@ mod session;
 use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
 
 pub use backend::EtcdBackend;
+#[cfg(feature = "bench")]
 pub use baseline::{raw_baseline, EtcdBaseline};
 pub use config::EtcdConfig;
 pub use error::EtcdError;

@@ -144,6 +144,7 @@
 //! length in `inspect`.
 
 mod backend;
+#[cfg(feature = "bench")]
 mod baseline;
 pub mod config;
 mod connection;
@@ -156,6 +157,7 @@ pub mod scripts;
 use dlock_core::{Client, ClientConfig, LockError};
 
 pub use backend::{RedisBackend, RedisHold, CAPABILITIES};
+#[cfg(feature = "bench")]
 pub use baseline::RedisBaseline;
 pub use config::{Node, RedisConfig, ReplicaAck, Topology, SCHEMES};
 pub use connection::{NodeSource, RedisConnection};
@@ -190,6 +192,7 @@ pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
 
 /// The raw baseline of `dlock bench`: the same script calls an uncontended acquire and
 /// release send, over the same kind of connection, without the library around them.
+#[cfg(feature = "bench")]
 pub async fn raw_baseline(config: RedisConfig) -> Result<RedisBaseline, LockError> {
     let layout = KeyLayout::new(config.prefix())?;
     let connected = connection::connect(&config).await?;

@@ -62,6 +62,7 @@
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod advisory;
+#[cfg(feature = "bench")]
 mod baseline;
 mod config;
 mod db;
@@ -84,6 +85,7 @@ use dlock_core::{Client, ClientConfig, LockError, Locker};
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use advisory::{connect_advisory, AdvisoryBackend, AdvisoryHold, AdvisoryLocker, AdvisoryTicket};
+#[cfg(feature = "bench")]
 pub use baseline::{raw_baseline, SqlBaseline};
 pub use config::{Dialect, LockKind, SqlConfig};
 pub use dialect::schema;

@@ -107,6 +107,7 @@
 //! ```
 
 mod backend;
+#[cfg(feature = "bench")]
 mod baseline;
 mod config;
 mod error;
@@ -117,6 +118,7 @@ mod settings;
 mod znode;
 
 pub use backend::{ZkBackend, ZkHold, ZkTicket};
+#[cfg(feature = "bench")]
 pub use baseline::ZkBaseline;
 pub use config::{Host, ZkConfig, DEFAULT_PORT, DEFAULT_ROOT, SCHEME};
 /// The shared builder methods of [`ZkConfig`] (timeouts and prefix).
@@ -137,6 +139,7 @@ pub async fn connect(config: ZkConfig) -> Result<ZkLocker, LockError> {
 }
 
 /// The raw baseline of this backend for `dlock bench` (see [`ZkBaseline`]).
+#[cfg(feature = "bench")]
 pub async fn raw_baseline(config: ZkConfig) -> Result<ZkBaseline, LockError> {
     ZkBaseline::connect(config).await
 }

@@ -8,15 +8,19 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use dlock_core::memory::MemoryStore;
-use dlock_core::{LockError, Locker, RawBaseline};
+#[cfg(feature = "bench")]
+use dlock_core::RawBaseline;
+use dlock_core::{LockError, Locker};
 
 type Connecting = Pin<Box<dyn Future<Output = Result<Arc<dyn Locker>, LockError>> + Send>>;
+#[cfg(feature = "bench")]
 type Baselining = Pin<Box<dyn Future<Output = Result<Box<dyn RawBaseline>, LockError>> + Send>>;
 
 /// How a built-in driver connects; `None` when its feature was not compiled in.
 #[derive(Clone, Copy)]
 struct Built {
     connect: fn(String) -> Connecting,
+    #[cfg(feature = "bench")]
     baseline: fn(String) -> Baselining,
 }
 
@@ -86,6 +90,7 @@ macro_rules! built {
         #[cfg(feature = $feature)]
         let built = Some(Built {
             connect: |url| Box::pin(async move { $connect(url).await }),
+            #[cfg(feature = "bench")]
             baseline: |url| Box::pin(async move { $baseline(url).await }),
         });
         #[cfg(not(feature = $feature))]
@@ -103,6 +108,7 @@ pub static DRIVERS: &[Driver] = &[
         feature: None,
         built: Some(Built {
             connect: |url| Box::pin(async move { Ok(Arc::new(memory_store(&url)?.client()) as Arc<dyn Locker>) }),
+            #[cfg(feature = "bench")]
             baseline: |url| {
                 Box::pin(async move { Ok(Box::new(memory_store(&url)?.raw_baseline()) as Box<dyn RawBaseline>) })
             },
@@ -179,7 +185,9 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>, LockError> {
 }
 
 /// The raw baseline of the backend the URL names, for benchmarks: the same backend
-/// commands an uncontended acquire+release sends, without dlock's machinery.
+/// commands an uncontended acquire+release sends, without dlock's machinery (with the
+/// `bench` feature).
+#[cfg(feature = "bench")]
 pub async fn raw_baseline(url: &str) -> Result<Box<dyn RawBaseline>, LockError> {
     (driver(url)?.built()?.baseline)(url.to_string()).await
 }
@@ -200,7 +208,7 @@ async fn sql(url: String) -> Result<Arc<dyn Locker>, LockError> {
     dlock_sql::connect_any(dlock_sql::SqlConfig::from_url(&url)?).await
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(all(feature = "bench", any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 async fn sql_baseline(url: String) -> Result<Box<dyn RawBaseline>, LockError> {
     Ok(Box::new(dlock_sql::raw_baseline(dlock_sql::SqlConfig::from_url(&url)?).await?))
 }
@@ -210,7 +218,7 @@ async fn redis(url: String) -> Result<Arc<dyn Locker>, LockError> {
     Ok(Arc::new(dlock_redis::connect(dlock_redis::RedisConfig::from_url(&url)?).await?))
 }
 
-#[cfg(feature = "redis")]
+#[cfg(all(feature = "bench", feature = "redis"))]
 async fn redis_baseline(url: String) -> Result<Box<dyn RawBaseline>, LockError> {
     Ok(Box::new(dlock_redis::raw_baseline(dlock_redis::RedisConfig::from_url(&url)?).await?))
 }
@@ -221,7 +229,7 @@ async fn redlock(url: String) -> Result<Arc<dyn Locker>, LockError> {
     Ok(Arc::new(redlock::connect(redlock::RedLockConfig::from_url(&url)?).await?))
 }
 
-#[cfg(feature = "redlock")]
+#[cfg(all(feature = "bench", feature = "redlock"))]
 async fn redlock_baseline(url: String) -> Result<Box<dyn RawBaseline>, LockError> {
     use dlock_redis::redlock;
     Ok(Box::new(redlock::raw_baseline(redlock::RedLockConfig::from_url(&url)?).await?))
@@ -232,7 +240,7 @@ async fn zk(url: String) -> Result<Arc<dyn Locker>, LockError> {
     Ok(Arc::new(dlock_zk::connect(dlock_zk::ZkConfig::from_url(&url)?).await?))
 }
 
-#[cfg(feature = "zk")]
+#[cfg(all(feature = "bench", feature = "zk"))]
 async fn zk_baseline(url: String) -> Result<Box<dyn RawBaseline>, LockError> {
     Ok(Box::new(dlock_zk::raw_baseline(dlock_zk::ZkConfig::from_url(&url)?).await?))
 }
@@ -242,7 +250,7 @@ async fn etcd(url: String) -> Result<Arc<dyn Locker>, LockError> {
     Ok(Arc::new(dlock_etcd::connect(dlock_etcd::EtcdConfig::from_url(&url)?).await?))
 }
 
-#[cfg(feature = "etcd")]
+#[cfg(all(feature = "bench", feature = "etcd"))]
 async fn etcd_baseline(url: String) -> Result<Box<dyn RawBaseline>, LockError> {
     Ok(Box::new(dlock_etcd::raw_baseline(dlock_etcd::EtcdConfig::from_url(&url)?).await?))
 }

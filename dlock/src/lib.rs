@@ -44,10 +44,13 @@ pub use dlock_core::memory;
 pub use dlock_core::{
     drift, parse_duration, redact, with_lock, Backoff, BoxError, Capabilities, Client, ClientConfig, ClientStats,
     ConnectConfig, ConnectOptions, FencingToken, Holder, Lease, LeaseHandle, LeaseMode, LockError, LockInfo, LockName,
-    LockOptions, Locker, LockerExt, LostReason, OwnerId, RawBaseline, DEFAULT_TTL, MAX_DURATION, MAX_NAME_LEN,
-    MAX_OWNER_LEN, MIN_TTL,
+    LockOptions, Locker, LockerExt, LostReason, OwnerId, DEFAULT_TTL, MAX_DURATION, MAX_NAME_LEN, MAX_OWNER_LEN,
+    MIN_TTL,
 };
-pub use drivers::{connect, driver, raw_baseline, Driver, DRIVERS};
+pub use drivers::{connect, driver, Driver, DRIVERS};
+/// The raw baselines `dlock bench` measures the library against (the `bench` feature).
+#[cfg(feature = "bench")]
+pub use {dlock_core::RawBaseline, drivers::raw_baseline};
 
 /// Redis: one server, Sentinel or Cluster ([`dlock_redis`]); RedLock over several masters
 /// in [`redis::redlock`] with the `redlock` feature.

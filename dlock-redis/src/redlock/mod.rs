@@ -120,6 +120,7 @@
 //! notification on release; not FIFO, no queue length.
 
 mod backend;
+#[cfg(feature = "bench")]
 mod baseline;
 pub mod config;
 mod nodes;
@@ -129,6 +130,7 @@ pub mod token;
 use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
 
 pub use backend::{RedLockBackend, RedLockHold, RedLockTicket};
+#[cfg(feature = "bench")]
 pub use baseline::RedLockBaseline;
 pub use config::{RedLockConfig, TokenSource, DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_DELAY, SCHEMES};
 
@@ -151,6 +153,7 @@ pub async fn connect(config: RedLockConfig) -> Result<RedLockLocker, LockError> 
 
 /// The raw baseline of `dlock bench`: the same script calls an uncontended acquire and
 /// release send to every node, without the library around them.
+#[cfg(feature = "bench")]
 pub async fn raw_baseline(config: RedLockConfig) -> Result<RedLockBaseline, LockError> {
     let layout = KeyLayout::new(config.prefix())?;
     let nodes = nodes::connect(&config).await?;
