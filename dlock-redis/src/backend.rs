@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
-use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId};
+use dlock_core::{Capabilities, FencingToken, LockError, LockInfo, LockName};
 use redis::Value;
 
 use crate::config::ReplicaAck;
 use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
+use crate::hold::{holder, RedisHold};
 use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::{Registration, Subscriptions};
 use crate::scripts::{
@@ -58,28 +59,6 @@ impl Acked {
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend").finish_non_exhaustive()
-    }
-}
-
-/// A granted hold: the lock's keys, the owner, the grant (named after the request that
-/// made it) and the token, which renewals and the release check on the server.
-#[derive(Debug, Clone)]
-pub struct RedisHold {
-    keys: LockKeys,
-    owner_field: String,
-    grant_field: String,
-    token: u64,
-}
-
-impl RedisHold {
-    /// The lock's keys.
-    pub fn keys(&self) -> &LockKeys {
-        &self.keys
-    }
-
-    /// The fencing token.
-    pub fn token(&self) -> FencingToken {
-        FencingToken::new(self.token)
     }
 }
 
@@ -310,16 +289,7 @@ impl Backend for RedisBackend {
             .run(&mut self.conn.clone())
             .await
             .map_err(to_lock_error)?;
-        let holder = match HoldView::parse(reply).map_err(to_lock_error)? {
-            None => None,
-            Some(view) => Some(Holder {
-                owner: OwnerId::new(&view.owner)
-                    .map_err(|e| LockError::backend(format!("owner field of {}: {e}", keys.hold)))?,
-                token: FencingToken::new(view.token),
-                count: view.count,
-                remaining: view.remaining,
-            }),
-        };
+        let holder = holder(HoldView::parse(reply).map_err(to_lock_error)?, &keys.hold)?;
         Ok(LockInfo { holder, waiters: None })
     }
 }

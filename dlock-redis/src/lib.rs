@@ -149,6 +149,7 @@ mod baseline;
 pub mod config;
 mod connection;
 mod error;
+mod hold;
 pub mod keys;
 mod pubsub;
 pub mod redlock;
@@ -156,13 +157,14 @@ pub mod scripts;
 
 use dlock_core::{Client, ClientConfig, LockError};
 
-pub use backend::{RedisBackend, RedisHold, CAPABILITIES};
+pub use backend::{RedisBackend, CAPABILITIES};
 #[cfg(feature = "bench")]
 pub use baseline::RedisBaseline;
 pub use config::{Node, RedisConfig, ReplicaAck, Topology, SCHEMES};
 pub use connection::{NodeSource, RedisConnection};
 /// The shared builder methods of [`RedisConfig`] and [`RedLockConfig`] (timeouts and prefix).
 pub use dlock_core::ConnectConfig;
+pub use hold::RedisHold;
 pub use keys::{KeyLayout, LockKeys};
 pub use redlock::{RedLockConfig, RedLockLocker};
 

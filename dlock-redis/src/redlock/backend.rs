@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_core::backend::lock_unpoisoned;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
-use dlock_core::{Capabilities, ConnectConfig, FencingToken, Holder, LockError, LockInfo, LockName, OwnerId};
+use dlock_core::{Capabilities, ConnectConfig, FencingToken, LockError, LockInfo, LockName};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -20,6 +20,7 @@ use super::quorum::{
 use super::token::Proposer;
 use crate::backend::{give_back_call, release_call, renew_call, CAPABILITIES};
 use crate::config::Node;
+use crate::hold::{holder, RedisHold};
 use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::Registration;
 use crate::scripts::{scripts, ttl_millis, GrantReply, HoldView, Invocation, ReleaseReply, RenewReply};
@@ -41,27 +42,8 @@ impl std::fmt::Debug for RedLockBackend {
     }
 }
 
-/// A granted hold: the lock's keys, the owner, the grant (named after the request that
-/// made it) and the token every node checks on renewal and release.
-#[derive(Debug, Clone)]
-pub struct RedLockHold {
-    keys: LockKeys,
-    owner_field: String,
-    grant_field: String,
-    token: u64,
-}
-
-impl RedLockHold {
-    /// The lock's keys (the same on every node).
-    pub fn keys(&self) -> &LockKeys {
-        &self.keys
-    }
-
-    /// The fencing token.
-    pub fn token(&self) -> FencingToken {
-        FencingToken::new(self.token)
-    }
-}
+/// A RedLock hold is a Redis hold: the same keys, fields and token on every master.
+pub type RedLockHold = RedisHold;
 
 /// A waiter's subscriptions to the lock's release channel on every node, sharing one
 /// wake-up.
@@ -569,17 +551,7 @@ impl Backend for RedLockBackend {
             Ok(view) => view,
             Err(got) => return Err(unreachable(&mut answers, got, self.quorum)),
         };
-        let holder = match view {
-            None => None,
-            Some(view) => Some(Holder {
-                owner: OwnerId::new(&view.owner)
-                    .map_err(|e| LockError::backend(format!("owner field of {}: {e}", keys.hold)))?,
-                token: FencingToken::new(view.token),
-                count: view.count,
-                remaining: view.remaining,
-            }),
-        };
-        Ok(LockInfo { holder, waiters: None })
+        Ok(LockInfo { holder: holder(view, &keys.hold)?, waiters: None })
     }
 
     async fn give_back(&self, req: &Request, ticket: Option<RedLockTicket>) {
