@@ -88,7 +88,10 @@ impl Conn {
     pub(crate) async fn pool(&self) -> Result<Pool, LockError> {
         let mut fault = self.wire.fault.subscribe();
         match pass(&mut fault, Direction::Request).await {
-            Some(delay) => tokio::time::sleep(delay).await,
+            // Even a zero sleep waits for the timer's next tick (about a millisecond),
+            // which every blocking PostgreSQL acquire would pay.
+            Some(delay) if !delay.is_zero() => tokio::time::sleep(delay).await,
+            Some(_) => {}
             None => return Err(self.cut_error()),
         }
         self.current_pool()
