@@ -260,3 +260,23 @@ impl SqlLink {
         self.set(Fault::None);
     }
 }
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::Conn;
+    use crate::config::SqlConfig;
+    use crate::db::{Pool, Warm};
+
+    /// A zero sleep is not ready at once (it waits for the timer's next tick, about a
+    /// millisecond): a healthy link hands out its pool without one.
+    #[tokio::test]
+    async fn a_healthy_link_hands_out_its_pool_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SqlConfig::from_url(&format!("sqlite://{}", dir.path().join("locks.db").display())).unwrap();
+        let warm = Warm::default();
+        let pool = Pool::connect_lazy(&config, 1, &warm).unwrap();
+        let conn = Conn::new(config, pool, warm);
+        let pool = futures::FutureExt::now_or_never(conn.pool());
+        assert!(pool.is_some_and(|p| p.is_ok()), "the pool was not ready on the first poll");
+    }
+}
