@@ -150,6 +150,27 @@ async fn create_cut_off_leaves_no_orphan() {
     witness.release().await.expect("the cut-off client's session is alive");
 }
 
+/// A 3-member ensemble and the client settings for it.
+fn start_ensemble() -> (ZooKeeperEnsemble, ZkConfig) {
+    let ensemble = tokio::task::block_in_place(|| ZooKeeperEnsemble::start(3, &ZooKeeperConfig::default()))
+        .expect("start a 3-member ensemble");
+    let config = ZkConfig::from_url(&ensemble.url())
+        .expect("ensemble URL")
+        .with_op_timeout(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_secs(5));
+    (ensemble, config)
+}
+
+/// kill -9 of the leader; returns once the others serve again under a new one.
+fn kill_the_leader(ensemble: &mut ZooKeeperEnsemble) -> usize {
+    let leader = ensemble.leader().expect("the ensemble has a leader");
+    ensemble.kill(leader);
+    let killed_at = Instant::now();
+    tokio::task::block_in_place(|| ensemble.wait_serving(Duration::from_secs(30))).expect("the rest elects a leader");
+    tracing::info!(elected_after = ?killed_at.elapsed(), "new leader");
+    leader
+}
+
 /// A 3-member ensemble loses a member (kill -9 of the leader) while one lock is held and
 /// waited on by four clients: every wait completes, no two holders overlap, tokens
 /// strictly increase across the new leader's epoch, and the fenced register accepts
@@ -157,12 +178,7 @@ async fn create_cut_off_leaves_no_orphan() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ensemble_loses_a_member() {
     dlock_conformance::init_tracing();
-    let mut ensemble = tokio::task::block_in_place(|| ZooKeeperEnsemble::start(3, &ZooKeeperConfig::default()))
-        .expect("start a 3-member ensemble");
-    let config = ZkConfig::from_url(&ensemble.url())
-        .expect("ensemble URL")
-        .with_op_timeout(Duration::from_secs(2))
-        .with_connect_timeout(Duration::from_secs(5));
+    let (mut ensemble, config) = start_ensemble();
     let ttl = Duration::from_secs(4);
     let name = unique_name("ensemble");
     let history = History::new();
@@ -211,11 +227,7 @@ async fn ensemble_loses_a_member() {
     for _ in 0..WORKERS * 3 {
         progress.recv().await.expect("progress");
     }
-    let leader = ensemble.leader().expect("the ensemble has a leader");
-    ensemble.kill(leader);
-    let killed_at = Instant::now();
-    tokio::task::block_in_place(|| ensemble.wait_serving(Duration::from_secs(30))).expect("the rest elects a leader");
-    tracing::info!(elected_after = ?killed_at.elapsed(), "new leader");
+    let leader = kill_the_leader(&mut ensemble);
 
     let finish = async {
         for worker in workers {
@@ -235,12 +247,7 @@ async fn ensemble_loses_a_member() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_under_a_queue_of_ten_serves_it_in_order() {
     dlock_conformance::init_tracing();
-    let mut ensemble = tokio::task::block_in_place(|| ZooKeeperEnsemble::start(3, &ZooKeeperConfig::default()))
-        .expect("start a 3-member ensemble");
-    let config = ZkConfig::from_url(&ensemble.url())
-        .expect("ensemble URL")
-        .with_op_timeout(Duration::from_secs(2))
-        .with_connect_timeout(Duration::from_secs(5));
+    let (mut ensemble, config) = start_ensemble();
     // Sessions outlive the election, so no waiter loses its place in the queue.
     let opts = LockOptions::watchdog(Duration::from_secs(10)).wait(Duration::from_secs(90));
     let name = unique_name("queue");
@@ -268,9 +275,7 @@ async fn leader_killed_under_a_queue_of_ten_serves_it_in_order() {
     }
     drop(granted_tx);
 
-    let leader = ensemble.leader().expect("the ensemble has a leader");
-    ensemble.kill(leader);
-    tokio::task::block_in_place(|| ensemble.wait_serving(Duration::from_secs(30))).expect("the rest elects a leader");
+    kill_the_leader(&mut ensemble);
     assert!(!holder.is_lost(), "the holder's session outlives the election: {:?}", holder.lost_reason());
     let first_token = holder.token();
     holder.release().await.expect("the holder releases after the election");
