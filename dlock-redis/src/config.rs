@@ -3,11 +3,11 @@
 //! read from a URL or set with builder methods.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, HostPort, LockError};
 
+use crate::access::{AccessConfig, ServerAccess};
 use crate::keys::KeyLayout;
 
 /// The port of a Redis server when the URL names none.
@@ -52,11 +52,13 @@ pub struct ReplicaAck {
 /// The settings of a Redis lock client.
 ///
 /// The timeouts and the key prefix are the [`ConnectOptions`] every backend shares, set
-/// and read through [`ConnectConfig`] (re-exported by this crate).
+/// and read through [`ConnectConfig`] (re-exported by this crate); TLS, the credentials
+/// and the database are the [`ServerAccess`] it shares with
+/// [`RedLockConfig`](crate::RedLockConfig), set and read through [`AccessConfig`].
 ///
 /// ```
 /// use std::time::Duration;
-/// use dlock_redis::{ConnectConfig, RedisConfig, Topology};
+/// use dlock_redis::{AccessConfig, ConnectConfig, RedisConfig, Topology};
 ///
 /// let config = RedisConfig::from_url("redis://app:s3cret@cache.internal:6380/2?op_timeout=500ms&prefix=shop")?;
 /// assert_eq!(config.db(), 2);
@@ -81,31 +83,21 @@ pub struct ReplicaAck {
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     topology: Topology,
-    tls: bool,
-    tls_ca: Option<PathBuf>,
-    // Apart rather than a pair: `requirepass` servers take a password without a user,
-    // and a URL may name a user without a password.
-    user: Option<String>,
-    password: Option<String>,
+    access: ServerAccess,
+    // Apart rather than a pair, as in `ServerAccess`.
     sentinel_user: Option<String>,
     sentinel_password: Option<String>,
-    db: i64,
     common: ConnectOptions,
     replica_ack: Option<ReplicaAck>,
 }
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let secret = |s: &Option<String>| s.as_ref().map(|_| "<redacted>");
         f.debug_struct("RedisConfig")
             .field("topology", &self.topology)
-            .field("tls", &self.tls)
-            .field("tls_ca", &self.tls_ca)
-            .field("user", &self.user)
-            .field("password", &secret(&self.password))
+            .field("access", &self.access)
             .field("sentinel_user", &self.sentinel_user)
-            .field("sentinel_password", &secret(&self.sentinel_password))
-            .field("db", &self.db)
+            .field("sentinel_password", &self.sentinel_password.as_ref().map(|_| "<redacted>"))
             .field("common", &self.common)
             .field("replica_ack", &self.replica_ack)
             .finish()
@@ -131,13 +123,9 @@ impl RedisConfig {
     fn with_topology(topology: Topology) -> Self {
         RedisConfig {
             topology,
-            tls: false,
-            tls_ca: None,
-            user: None,
-            password: None,
+            access: ServerAccess::default(),
             sentinel_user: None,
             sentinel_password: None,
-            db: 0,
             common: ConnectOptions::default(),
             replica_ack: None,
         }
@@ -201,14 +189,9 @@ impl RedisConfig {
             Kind::Cluster => Self::cluster(nodes),
             Kind::Sentinel => Self::sentinel(nodes, master.expect("sentinel master parsed")),
         };
-        config.tls = tls;
-        if let Some(db) = db {
-            config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?;
-        }
-        config.user = parsed.user.clone();
-        config.password = parsed.password.clone();
+        let (access, rest) = ServerAccess::from_url(&parsed, tls, db)?;
+        config.access = access;
         config.common = parsed.options.clone();
-        let rest = parsed.extra.clone();
         let mut replicas = None;
         let mut wait_timeout = None;
         for (key, value) in rest {
@@ -217,7 +200,6 @@ impl RedisConfig {
                     replicas = Some(value.parse::<u32>().map_err(|_| bad("wait_replicas must be a number"))?);
                 }
                 "wait_timeout" => wait_timeout = Some(parse_duration(&value)?),
-                "tls_ca" => config.tls_ca = Some(PathBuf::from(value)),
                 "sentinel_username" => config.sentinel_user = Some(value),
                 "sentinel_password" => config.sentinel_password = Some(value),
                 other => return Err(bad(&format!("unknown option {other:?}"))),
@@ -255,13 +237,8 @@ impl RedisConfig {
         if nodes.iter().any(|n| n.host.is_empty() || n.port == 0) {
             return bad("a Redis address has an empty host or port 0".into());
         }
-        if self.tls_ca.is_some() && !self.tls {
-            return bad("tls_ca needs TLS (rediss://)".into());
-        }
-        if self.db < 0 {
-            return bad(format!("database {} is negative", self.db));
-        }
-        if matches!(self.topology, Topology::Cluster(_)) && self.db != 0 {
+        self.access.validate("rediss")?;
+        if matches!(self.topology, Topology::Cluster(_)) && self.access.db != 0 {
             return bad("a Redis Cluster has only database 0".into());
         }
         if self.connect_timeout().is_zero() || self.op_timeout().is_zero() {
@@ -284,55 +261,12 @@ impl RedisConfig {
         Ok(())
     }
 
-    /// Uses TLS (`rediss://`), verifying the server against the system's root certificates.
-    pub fn with_tls(mut self, tls: bool) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    /// Trusts the CA certificates in this PEM file (instead of the system's) for TLS.
-    pub fn with_tls_ca(mut self, path: impl Into<PathBuf>) -> Self {
-        self.tls_ca = Some(path.into());
-        self
-    }
-
-    /// Authenticates as this ACL user, with this password (`AUTH user password`), in
-    /// place of any credentials set before. On a Sentinel deployment these are the
-    /// master's; see [`with_sentinel_credentials`](Self::with_sentinel_credentials).
-    ///
-    /// ```
-    /// use dlock_redis::RedisConfig;
-    ///
-    /// let config = RedisConfig::single("127.0.0.1", 6379).with_credentials("app", "s3cret");
-    /// assert_eq!((config.user(), config.password()), (Some("app"), Some("s3cret")));
-    /// ```
-    pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.user = Some(user.into());
-        self.password = Some(password.into());
-        self
-    }
-
-    /// Authenticates with a password alone (`AUTH password`), for servers protected by
-    /// `requirepass` rather than ACL users, in place of any credentials set before.
-    ///
-    /// ```
-    /// use dlock_redis::RedisConfig;
-    ///
-    /// let config = RedisConfig::single("127.0.0.1", 6379).with_password("s3cret");
-    /// assert_eq!((config.user(), config.password()), (None, Some("s3cret")));
-    /// ```
-    pub fn with_password(mut self, password: impl Into<String>) -> Self {
-        self.user = None;
-        self.password = Some(password.into());
-        self
-    }
-
     /// Authenticates to the Sentinels as this ACL user, with this password, when their
     /// credentials differ from the master's (URL options `sentinel_username` and
     /// `sentinel_password`). Only a Sentinel deployment uses them.
     ///
     /// ```
-    /// use dlock_redis::{Node, RedisConfig};
+    /// use dlock_redis::{AccessConfig, Node, RedisConfig};
     ///
     /// let config = RedisConfig::sentinel([Node::new("10.0.0.5", 26379)], "orders")
     ///     .with_credentials("app", "s3cret")
@@ -361,19 +295,6 @@ impl RedisConfig {
         self
     }
 
-    /// Copies credentials as a URL may give them, a user without a password included.
-    pub(crate) fn with_auth(mut self, user: Option<&str>, password: Option<&str>) -> Self {
-        self.user = user.map(str::to_string);
-        self.password = password.map(str::to_string);
-        self
-    }
-
-    /// The logical database (not on a Cluster).
-    pub fn with_db(mut self, db: i64) -> Self {
-        self.db = db;
-        self
-    }
-
     /// Demands that `replicas` replicas acknowledge each grant and renewal within
     /// `timeout` (`WAIT`); a grant they do not acknowledge is given back and fails with
     /// `QuorumNotReached`.
@@ -385,42 +306,6 @@ impl RedisConfig {
     /// The deployment.
     pub fn topology(&self) -> &Topology {
         &self.topology
-    }
-
-    /// Whether TLS is used.
-    pub fn tls(&self) -> bool {
-        self.tls
-    }
-
-    /// The CA file trusted for TLS, if not the system's roots.
-    pub fn tls_ca(&self) -> Option<&Path> {
-        self.tls_ca.as_deref()
-    }
-
-    /// The ACL user name, if any (none with [`with_password`](Self::with_password)).
-    ///
-    /// ```
-    /// use dlock_redis::RedisConfig;
-    ///
-    /// assert_eq!(RedisConfig::from_url("redis://app:s3cret@h")?.user(), Some("app"));
-    /// assert_eq!(RedisConfig::from_url("redis://:s3cret@h")?.user(), None);
-    /// # Ok::<(), dlock_core::LockError>(())
-    /// ```
-    pub fn user(&self) -> Option<&str> {
-        self.user.as_deref()
-    }
-
-    /// The password, if any.
-    ///
-    /// ```
-    /// use dlock_redis::RedisConfig;
-    ///
-    /// assert_eq!(RedisConfig::from_url("redis://:s3cret@h")?.password(), Some("s3cret"));
-    /// assert_eq!(RedisConfig::from_url("redis://h")?.password(), None);
-    /// # Ok::<(), dlock_core::LockError>(())
-    /// ```
-    pub fn password(&self) -> Option<&str> {
-        self.password.as_deref()
     }
 
     /// The Sentinels' ACL user name, if any.
@@ -447,11 +332,6 @@ impl RedisConfig {
     /// ```
     pub fn sentinel_password(&self) -> Option<&str> {
         self.sentinel_password.as_deref()
-    }
-
-    /// The logical database.
-    pub fn db(&self) -> i64 {
-        self.db
     }
 
     /// The replica acknowledgement demanded, if any.
@@ -486,6 +366,29 @@ impl ConnectConfig for RedisConfig {
 
     fn common_mut(&mut self) -> &mut ConnectOptions {
         &mut self.common
+    }
+}
+
+/// `with_tls`, `with_tls_ca`, `with_credentials`, `with_password`, `with_db` and their
+/// getters. The credentials are those of the server, of every Cluster node or of the
+/// master a Sentinel names (the Sentinels' own are
+/// [`with_sentinel_credentials`](RedisConfig::with_sentinel_credentials)). A Cluster has
+/// only database 0: [`validate`](RedisConfig::validate) and `connect` refuse another.
+///
+/// ```
+/// use dlock_redis::{AccessConfig, Node, RedisConfig};
+///
+/// let config = RedisConfig::cluster([Node::new("10.0.0.1", 7000)]).with_tls(true).with_credentials("app", "s3cret");
+/// assert!(config.validate().is_ok());
+/// assert!(config.with_db(1).validate().is_err());
+/// ```
+impl AccessConfig for RedisConfig {
+    fn access(&self) -> &ServerAccess {
+        &self.access
+    }
+
+    fn access_mut(&mut self) -> &mut ServerAccess {
+        &mut self.access
     }
 }
 

@@ -18,6 +18,7 @@ use redis::{
 use dlock_core::backend::lock_unpoisoned;
 use dlock_core::{ConnectConfig, LockError};
 
+use crate::access::AccessConfig;
 use crate::config::{Node, RedisConfig, Topology};
 use crate::error::{suggests_failover, to_lock_error};
 

@@ -29,10 +29,11 @@
 //! `wait_replicas` and `wait_timeout` (see below), `tls_ca` (a PEM file of CAs to trust
 //! instead of the system's), `sentinel_username` and `sentinel_password`. Every option
 //! has a builder method on [`RedisConfig`] (the first three through [`ConnectConfig`],
-//! as on every backend's configuration). A client keeps one multiplexed command
-//! connection, which reconnects on its own, and opens one pub/sub connection the first
-//! time one of its acquires has to wait. RedLock URLs have options of their own (see
-//! [`RedLockConfig::from_url`]) and connect with [`redlock::connect`].
+//! as on every backend's configuration; `tls_ca`, with TLS, the credentials and the
+//! database, through [`AccessConfig`], as on [`RedLockConfig`]). A client keeps one
+//! multiplexed command connection, which reconnects on its own, and opens one pub/sub
+//! connection the first time one of its acquires has to wait. RedLock URLs have options
+//! of their own (see [`RedLockConfig::from_url`]) and connect with [`redlock::connect`].
 //!
 //! # How a lock lives in Redis
 //!
@@ -143,6 +144,7 @@
 //! Not FIFO (woken waiters race; use a fair backend when order matters) and no queue
 //! length in `inspect`.
 
+mod access;
 mod backend;
 #[cfg(feature = "bench")]
 mod baseline;
@@ -157,12 +159,14 @@ pub mod scripts;
 
 use dlock_core::{Client, ClientConfig, LockError};
 
+pub use access::{AccessConfig, ServerAccess};
 pub use backend::{RedisBackend, CAPABILITIES};
 #[cfg(feature = "bench")]
 pub use baseline::RedisBaseline;
 pub use config::{Node, RedisConfig, ReplicaAck, Topology, SCHEMES};
 pub use connection::{NodeSource, RedisConnection};
-/// The shared builder methods of [`RedisConfig`] and [`RedLockConfig`] (timeouts and prefix).
+/// The shared builder methods of [`RedisConfig`] and [`RedLockConfig`] (timeouts and
+/// prefix; TLS, credentials and database are [`AccessConfig`]'s).
 pub use dlock_core::ConnectConfig;
 pub use hold::RedisHold;
 pub use keys::{KeyLayout, LockKeys};

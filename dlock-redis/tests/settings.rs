@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use dlock_core::{LockError, LockName, LockOptions, Locker};
-use dlock_redis::RedisConfig;
+use dlock_redis::{AccessConfig, RedisConfig};
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
 
 fn server_with_acl_user() -> RedisServer {

@@ -3,12 +3,11 @@
 //! proposed, read from a `redlock://` URL or set with builder methods.
 
 use std::collections::HashSet;
-use std::fmt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError, MAX_DURATION};
 
+use crate::access::{AccessConfig, ServerAccess};
 use crate::config::{Node, RedisConfig, DEFAULT_PORT};
 use crate::keys::KeyLayout;
 
@@ -41,12 +40,14 @@ pub enum TokenSource {
 /// The settings of a RedLock client over N independent Redis masters.
 ///
 /// The timeouts and the key prefix are the [`ConnectOptions`] every backend shares, set
-/// and read through [`ConnectConfig`] (re-exported by this crate).
+/// and read through [`ConnectConfig`] (re-exported by this crate); TLS, the credentials
+/// and the database, which every node shares, are the [`ServerAccess`] of a
+/// [`RedisConfig`], set and read through [`AccessConfig`].
 ///
 /// ```
 /// use std::time::Duration;
 /// use dlock_redis::redlock::{RedLockConfig, TokenSource};
-/// use dlock_redis::ConnectConfig;
+/// use dlock_redis::{AccessConfig, ConnectConfig};
 ///
 /// let config = RedLockConfig::from_url(
 ///     "redlock://app:s3cret@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/2?node_timeout=50ms&prefix=shop",
@@ -67,41 +68,17 @@ pub enum TokenSource {
 /// assert_eq!(built, config);
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
-#[derive(Clone, PartialEq)]
+// A derived Debug shows no secret: the password is in `ServerAccess`, whose Debug hides it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct RedLockConfig {
     nodes: Vec<Node>,
-    tls: bool,
-    tls_ca: Option<PathBuf>,
-    // Apart rather than a pair: `requirepass` servers take a password without a user,
-    // and a URL may name a user without a password.
-    user: Option<String>,
-    password: Option<String>,
-    db: i64,
+    access: ServerAccess,
     common: ConnectOptions,
     node_timeout: Duration,
     drift_factor: f64,
     drift_fixed: Duration,
     retry_delay: Duration,
     token_source: TokenSource,
-}
-
-impl fmt::Debug for RedLockConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedLockConfig")
-            .field("nodes", &self.nodes)
-            .field("tls", &self.tls)
-            .field("tls_ca", &self.tls_ca)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("db", &self.db)
-            .field("common", &self.common)
-            .field("node_timeout", &self.node_timeout)
-            .field("drift_factor", &self.drift_factor)
-            .field("drift_fixed", &self.drift_fixed)
-            .field("retry_delay", &self.retry_delay)
-            .field("token_source", &self.token_source)
-            .finish()
-    }
 }
 
 impl RedLockConfig {
@@ -111,11 +88,7 @@ impl RedLockConfig {
     pub fn new(nodes: impl IntoIterator<Item = Node>) -> Self {
         RedLockConfig {
             nodes: nodes.into_iter().collect(),
-            tls: false,
-            tls_ca: None,
-            user: None,
-            password: None,
-            db: 0,
+            access: ServerAccess::default(),
             common: ConnectOptions::default(),
             node_timeout: DEFAULT_NODE_TIMEOUT,
             drift_factor: 0.01,
@@ -143,17 +116,16 @@ impl RedLockConfig {
             "redlocks" => true,
             _ => return Err(bad(&format!("unknown scheme (use one of {})", SCHEMES.join(", ")))),
         };
-        let mut config = Self::new(parsed.hosts.clone()).with_tls(tls);
-        config.user = parsed.user.clone();
-        config.password = parsed.password.clone();
         let segments: Vec<&str> = parsed.path.split('/').filter(|s| !s.is_empty()).collect();
-        match segments.as_slice() {
-            [] => {}
-            [db] => config.db = db.parse().map_err(|_| bad(&format!("database {db:?} is not a number")))?,
+        let db = match segments.as_slice() {
+            [] => None,
+            [db] => Some(*db),
             _ => return Err(bad("expected at most /<db> after the addresses")),
-        }
+        };
+        let (access, rest) = ServerAccess::from_url(&parsed, tls, db)?;
+        let mut config = Self::new(parsed.hosts.clone());
+        config.access = access;
         config.common = parsed.options.clone();
-        let rest = parsed.extra.clone();
         for (key, value) in rest {
             match key.as_str() {
                 "node_timeout" => config.node_timeout = parse_duration(&value)?,
@@ -172,7 +144,6 @@ impl RedLockConfig {
                         _ => return Err(bad("tokens must be clock or read")),
                     };
                 }
-                "tls_ca" => config.tls_ca = Some(PathBuf::from(value)),
                 other => return Err(bad(&format!("unknown option {other:?}"))),
             }
         }
@@ -197,12 +168,7 @@ impl RedLockConfig {
         if let Some(twice) = self.nodes.iter().find(|n| !seen.insert((n.host.to_ascii_lowercase(), n.port))) {
             return bad(format!("RedLock node {twice} is listed twice"));
         }
-        if self.tls_ca.is_some() && !self.tls {
-            return bad("tls_ca needs TLS (redlocks://)".into());
-        }
-        if self.db < 0 {
-            return bad(format!("database {} is negative", self.db));
-        }
+        self.access.validate("redlocks")?;
         if self.connect_timeout().is_zero() || self.op_timeout().is_zero() || self.node_timeout.is_zero() {
             return bad("timeouts must be above zero".into());
         }
@@ -225,56 +191,6 @@ impl RedLockConfig {
             return bad(format!("retry_delay {:?} must be above zero and sensible", self.retry_delay));
         }
         Ok(())
-    }
-
-    /// Uses TLS to every node, verifying them against the system's root certificates.
-    pub fn with_tls(mut self, tls: bool) -> Self {
-        self.tls = tls;
-        self
-    }
-
-    /// Trusts the CA certificates in this PEM file (instead of the system's) for TLS.
-    pub fn with_tls_ca(mut self, path: impl Into<PathBuf>) -> Self {
-        self.tls_ca = Some(path.into());
-        self
-    }
-
-    /// Authenticates to every node as this ACL user, with this password, in place of any
-    /// credentials set before.
-    ///
-    /// ```
-    /// use dlock_redis::redlock::RedLockConfig;
-    /// use dlock_redis::Node;
-    ///
-    /// let config = RedLockConfig::new([Node::new("10.0.0.1", 6379)]).with_credentials("app", "s3cret");
-    /// assert_eq!((config.user(), config.password()), (Some("app"), Some("s3cret")));
-    /// ```
-    pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.user = Some(user.into());
-        self.password = Some(password.into());
-        self
-    }
-
-    /// Authenticates to every node with a password alone, for servers protected by
-    /// `requirepass` rather than ACL users, in place of any credentials set before.
-    ///
-    /// ```
-    /// use dlock_redis::redlock::RedLockConfig;
-    /// use dlock_redis::Node;
-    ///
-    /// let config = RedLockConfig::new([Node::new("10.0.0.1", 6379)]).with_password("s3cret");
-    /// assert_eq!((config.user(), config.password()), (None, Some("s3cret")));
-    /// ```
-    pub fn with_password(mut self, password: impl Into<String>) -> Self {
-        self.user = None;
-        self.password = Some(password.into());
-        self
-    }
-
-    /// The logical database on every node.
-    pub fn with_db(mut self, db: i64) -> Self {
-        self.db = db;
-        self
     }
 
     /// How long one call to one node may take before the node counts as not answering.
@@ -316,47 +232,6 @@ impl RedLockConfig {
         self.nodes.len() / 2 + 1
     }
 
-    /// Whether TLS is used.
-    pub fn tls(&self) -> bool {
-        self.tls
-    }
-
-    /// The CA file trusted for TLS, if not the system's roots.
-    pub fn tls_ca(&self) -> Option<&Path> {
-        self.tls_ca.as_deref()
-    }
-
-    /// The ACL user name, if any (none with [`with_password`](Self::with_password)).
-    ///
-    /// ```
-    /// use dlock_redis::redlock::RedLockConfig;
-    ///
-    /// assert_eq!(RedLockConfig::from_url("redlock://app:s3cret@a,b,c")?.user(), Some("app"));
-    /// assert_eq!(RedLockConfig::from_url("redlock://:s3cret@a,b,c")?.user(), None);
-    /// # Ok::<(), dlock_core::LockError>(())
-    /// ```
-    pub fn user(&self) -> Option<&str> {
-        self.user.as_deref()
-    }
-
-    /// The password, if any.
-    ///
-    /// ```
-    /// use dlock_redis::redlock::RedLockConfig;
-    ///
-    /// assert_eq!(RedLockConfig::from_url("redlock://:s3cret@a,b,c")?.password(), Some("s3cret"));
-    /// assert_eq!(RedLockConfig::from_url("redlock://a,b,c")?.password(), None);
-    /// # Ok::<(), dlock_core::LockError>(())
-    /// ```
-    pub fn password(&self) -> Option<&str> {
-        self.password.as_deref()
-    }
-
-    /// The logical database.
-    pub fn db(&self) -> i64 {
-        self.db
-    }
-
     /// The per-node timeout.
     pub fn node_timeout(&self) -> Duration {
         self.node_timeout
@@ -379,14 +254,9 @@ impl RedLockConfig {
 
     /// The connection settings of one node, as a single-server [`RedisConfig`].
     pub fn node_config(&self, node: &Node) -> RedisConfig {
-        let mut config = RedisConfig::single(node.host.clone(), node.port)
-            .with_tls(self.tls)
-            .with_auth(self.user(), self.password())
-            .with_db(self.db);
+        let mut config = RedisConfig::single(node.host.clone(), node.port);
+        *config.access_mut() = self.access.clone();
         *config.common_mut() = self.common.clone();
-        if let Some(ca) = &self.tls_ca {
-            config = config.with_tls_ca(ca.clone());
-        }
         config
     }
 }
@@ -423,8 +293,35 @@ impl ConnectConfig for RedLockConfig {
     }
 }
 
+/// `with_tls`, `with_tls_ca`, `with_credentials`, `with_password`, `with_db` and their
+/// getters, the same for every node: [`node_config`](RedLockConfig::node_config) hands
+/// each node a copy. `with_tls` turns TLS on for every node, as `redlocks://` does.
+///
+/// ```
+/// use dlock_redis::redlock::RedLockConfig;
+/// use dlock_redis::{AccessConfig, Node};
+///
+/// let config = RedLockConfig::new([Node::new("10.0.0.1", 6379), Node::new("10.0.0.2", 6379)])
+///     .with_tls(true)
+///     .with_password("s3cret")
+///     .with_db(3);
+/// let node = config.node_config(&config.nodes()[1]);
+/// assert_eq!(node.access(), config.access());
+/// ```
+impl AccessConfig for RedLockConfig {
+    fn access(&self) -> &ServerAccess {
+        &self.access
+    }
+
+    fn access_mut(&mut self) -> &mut ServerAccess {
+        &mut self.access
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]

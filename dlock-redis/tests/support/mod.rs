@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
-use dlock_redis::{ConnectConfig, RedisConfig, Topology};
+use dlock_redis::{AccessConfig, ConnectConfig, RedisConfig, Topology};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::external_url;
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};

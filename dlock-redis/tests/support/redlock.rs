@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_redis::redlock::{self, RedLockConfig};
-use dlock_redis::{ConnectConfig, Node};
+use dlock_redis::{AccessConfig, ConnectConfig, Node};
 use dlock_testkit::proxy::{FaultProxy, ProxyLink};
 use dlock_testkit::supervisor::external_url;
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters};
