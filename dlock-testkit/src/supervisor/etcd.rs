@@ -11,14 +11,11 @@
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::{find_program, free_port, CommandSpec, ServerProcess};
-
-/// How long a member may take to become healthy.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
+use super::{free_port, poll, program, retry, CommandSpec, Kind, Node, Server, ServerProcess};
 
 /// Server-side TLS for the client port.
 #[derive(Debug, Clone)]
@@ -57,63 +54,47 @@ impl Default for EtcdConfig {
     }
 }
 
-/// One etcd process of a single server or a cluster.
+/// etcd as a [`Node`] kind: the member's name, its plain-HTTP metrics listener (where
+/// it reports its health), and whether clients speak TLS.
 #[derive(Debug)]
-pub struct EtcdMember {
+pub struct Etcd {
     name: String,
-    process: ServerProcess,
-    client: SocketAddr,
     health: SocketAddr,
     tls: bool,
 }
 
-impl EtcdMember {
+impl Kind for Etcd {
+    const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+    fn ready(&self, _addr: SocketAddr, process: &mut ServerProcess) -> io::Result<()> {
+        wait_healthy(self.health, process, Self::START_TIMEOUT)
+    }
+}
+
+/// One etcd process of a single server or a cluster. [`start_again`](Node::start_again)
+/// waits until it is healthy (it has a leader, itself or another member).
+pub type EtcdMember = Node<Etcd>;
+
+impl Node<Etcd> {
     /// The member's name (`m0`, `m1`, ...).
     pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The client address.
-    pub fn addr(&self) -> SocketAddr {
-        self.client
+        &self.kind().name
     }
 
     /// The client endpoint: `http://127.0.0.1:<port>` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("{}://{}", if self.tls { "https" } else { "http" }, self.client)
-    }
-
-    /// The process, for kill, pause and restart.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// kill -9 (the data directory stays).
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Whether the process runs.
-    pub fn is_running(&mut self) -> bool {
-        self.process.pid().is_some() && matches!(self.process.exit_status(), Ok(None))
-    }
-
-    /// Starts the member again on the same ports and data, and waits until it is healthy
-    /// (it has a leader, itself or another member).
-    pub fn start_again(&mut self) -> io::Result<()> {
-        self.process.start_again()?;
-        self.wait_healthy(START_TIMEOUT)
+        format!("{}://{}", if self.kind().tls { "https" } else { "http" }, self.addr())
     }
 
     /// Whether `/health` reports the member healthy now.
     pub fn is_healthy(&self) -> bool {
-        http_get(self.health, "/health").is_ok_and(|reply| reply.contains("\"health\":\"true\""))
+        is_healthy(self.kind().health)
     }
 
     /// The member's Prometheus metrics (the text of `/metrics`), for tests that count the
     /// requests the server handled.
     pub fn metrics(&self) -> io::Result<String> {
-        http_get(self.health, "/metrics")
+        http_get(self.kind().health, "/metrics")
     }
 
     /// Whether the member is the leader now (`etcd_server_is_leader`).
@@ -123,76 +104,43 @@ impl EtcdMember {
 
     /// Waits until `/health` reports the member healthy.
     pub fn wait_healthy(&mut self, timeout: Duration) -> io::Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.is_healthy() {
-                return Ok(());
-            }
-            if let Some(status) = self.process.exit_status()? {
-                return Err(io::Error::other(format!(
-                    "{} exited with {status} before it was healthy; log:\n{}",
-                    self.process.name(),
-                    self.process.log_tail()
-                )));
-            }
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "{} was not healthy within {timeout:?}; log:\n{}",
-                        self.process.name(),
-                        self.process.log_tail()
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_healthy(self.kind.health, &mut self.process, timeout)
     }
+}
+
+fn is_healthy(health: SocketAddr) -> bool {
+    http_get(health, "/health").is_ok_and(|reply| reply.contains("\"health\":\"true\""))
+}
+
+fn wait_healthy(health: SocketAddr, process: &mut ServerProcess, timeout: Duration) -> io::Result<()> {
+    process.wait_until("healthy", timeout, Duration::from_millis(20), || Ok(is_healthy(health)))
+}
+
+/// `etcd://host:port,host:port,...` (`etcds://` with TLS) listing `members`.
+fn url(members: &[EtcdMember]) -> String {
+    let tls = members.first().is_some_and(|m| m.kind().tls);
+    let hosts: Vec<String> = members.iter().map(|m| m.addr().to_string()).collect();
+    format!("{}://{}", if tls { "etcds" } else { "etcd" }, hosts.join(","))
 }
 
 /// A single etcd server in its own temporary directory.
-#[derive(Debug)]
-pub struct EtcdServer {
-    member: EtcdMember,
-    // Dropped after the process (fields drop in order), so the data outlives the server.
-    _dir: TempDir,
-}
+pub type EtcdServer = Server<Etcd>;
 
-impl EtcdServer {
+impl Server<Etcd> {
     /// Starts a single-member etcd on free ports and waits until it is healthy.
     pub fn start(config: &EtcdConfig) -> io::Result<Self> {
         let (mut members, dir) = start_members(1, config)?;
-        Ok(EtcdServer { member: members.remove(0), _dir: dir })
-    }
-
-    /// The client address.
-    pub fn addr(&self) -> SocketAddr {
-        self.member.addr()
-    }
-
-    /// The client endpoint, `http://127.0.0.1:<port>` (`https://` with TLS).
-    pub fn endpoint(&self) -> String {
-        self.member.endpoint()
+        Ok(Server { node: members.remove(0), _dir: dir })
     }
 
     /// `etcd://127.0.0.1:<port>` (`etcds://` with TLS), the URL form of dlock's etcd backend.
     pub fn url(&self) -> String {
-        format!("{}://{}", if self.member.tls { "etcds" } else { "etcd" }, self.member.addr())
+        url(std::slice::from_ref(&self.node))
     }
 
     /// The member, for kill, pause and restart.
     pub fn member(&mut self) -> &mut EtcdMember {
-        &mut self.member
-    }
-
-    /// kill -9.
-    pub fn kill(&mut self) {
-        self.member.kill();
-    }
-
-    /// Starts it again on the same port and data, and waits until it is healthy.
-    pub fn start_again(&mut self) -> io::Result<()> {
-        self.member.start_again()
+        &mut self.node
     }
 }
 
@@ -230,9 +178,7 @@ impl EtcdCluster {
 
     /// `etcd://host:port,host:port,...` listing every member.
     pub fn url(&self) -> String {
-        let tls = self.members.first().is_some_and(|m| m.tls);
-        let hosts: Vec<String> = self.members.iter().map(|m| m.addr().to_string()).collect();
-        format!("{}://{}", if tls { "etcds" } else { "etcd" }, hosts.join(","))
+        url(&self.members)
     }
 
     /// One member.
@@ -253,20 +199,11 @@ impl EtcdCluster {
     /// Waits until some running member is the leader and every running member is healthy;
     /// returns the leader's index.
     pub fn wait_for_leader(&mut self, timeout: Duration) -> io::Result<usize> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(leader) = self.leader() {
-                let healthy =
-                    (0..self.members.len()).all(|i| !self.members[i].is_running() || self.members[i].is_healthy());
-                if healthy {
-                    return Ok(leader);
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no etcd leader within {timeout:?}")));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let leader = poll(timeout, Duration::from_millis(20), || {
+            let Some(leader) = self.leader() else { return Ok(None) };
+            Ok(self.members.iter_mut().all(|m| !m.is_running() || m.is_healthy()).then_some(leader))
+        })?;
+        leader.ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, format!("no etcd leader within {timeout:?}")))
     }
 }
 
@@ -294,17 +231,11 @@ struct Ports {
 /// Starts `size` members, retrying the whole set on fresh ports when one fails to start
 /// (which is what happens when another process took a port first).
 fn start_members(size: usize, config: &EtcdConfig) -> io::Result<(Vec<EtcdMember>, TempDir)> {
-    let program = find_program("etcd", &["/usr/bin", "/usr/local/bin"])
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "etcd not found; run scripts/install-backends"))?;
-    let mut last = None;
-    for _ in 0..5 {
+    let program = program("etcd", &["/usr/bin", "/usr/local/bin"])?;
+    retry(5, || {
         let dir = data_root()?;
-        match try_start(&program, size, config, dir.path()) {
-            Ok(members) => return Ok((members, dir)),
-            Err(err) => last = Some(err),
-        }
-    }
-    Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
+        Ok((try_start(&program, size, config, dir.path())?, dir))
+    })
 }
 
 fn try_start(program: &Path, size: usize, config: &EtcdConfig, dir: &Path) -> io::Result<Vec<EtcdMember>> {
@@ -366,17 +297,12 @@ fn try_start(program: &Path, size: usize, config: &EtcdConfig, dir: &Path) -> io
         args.extend(config.extra_args.iter().cloned());
         let spec = CommandSpec::new(program).args(args).cwd(dir);
         let process = ServerProcess::spawn(format!("etcd-{name}:{}", p.client), spec, dir.join(format!("{name}.log")))?;
-        members.push(EtcdMember {
-            name,
-            process,
-            client: SocketAddr::from(([127, 0, 0, 1], p.client)),
-            health: SocketAddr::from(([127, 0, 0, 1], p.health)),
-            tls: config.tls.is_some(),
-        });
+        let kind = Etcd { name, health: SocketAddr::from(([127, 0, 0, 1], p.health)), tls: config.tls.is_some() };
+        members.push(Node::new(kind, process, SocketAddr::from(([127, 0, 0, 1], p.client))));
     }
     for member in &mut members {
         // On failure the members are dropped, which kills them.
-        member.wait_healthy(START_TIMEOUT)?;
+        member.wait_ready()?;
     }
     Ok(members)
 }

@@ -10,7 +10,7 @@ use std::io;
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::{cached, find_program, start_on_free_port, CommandSpec, Kind, Server, ServerProcess};
+use super::{cached, copy_tree, start_on_free_port, succeeded, Kind, Server};
 
 /// MariaDB as a [`Server`] kind.
 #[derive(Debug)]
@@ -22,9 +22,7 @@ impl Kind for MariaDb {}
 pub type MariaDbServer = Server<MariaDb>;
 
 fn program(name: &str) -> io::Result<PathBuf> {
-    find_program(name, &["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/mysql/bin"]).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, format!("{name} not found; run scripts/install-backends"))
-    })
+    super::program(name, &["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/mysql/bin"])
 }
 
 fn user() -> String {
@@ -69,13 +67,7 @@ fn template() -> io::Result<PathBuf> {
             .args(common_args())
             .current_dir("/")
             .output()?;
-        if !out.status.success() {
-            return Err(io::Error::other(format!(
-                "mariadb-install-db failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
+        succeeded("mariadb-install-db", out)?;
         // A database is a directory of the data directory: this one holds the tests' tables.
         std::fs::create_dir_all(scratch.join("dlock"))?;
         Ok(())
@@ -90,10 +82,7 @@ impl Server<MariaDb> {
         start_on_free_port(|port| {
             let dir = tempfile::Builder::new().prefix("dlock-mariadb-").tempdir()?;
             let data = dir.path().join("data");
-            let status = Command::new("cp").arg("-a").arg(&template).arg(&data).status()?;
-            if !status.success() {
-                return Err(io::Error::other("copying the mariadb template failed"));
-            }
+            copy_tree(&template, &data)?;
             let mut args = vec![
                 "--no-defaults".to_string(),
                 format!("--datadir={}", data.display()),
@@ -108,9 +97,7 @@ impl Server<MariaDb> {
                 "--thread-stack=256K".into(),
             ];
             args.extend(common_args());
-            let spec = CommandSpec::new(&mariadbd).args(args).cwd(dir.path());
-            let process = ServerProcess::spawn(format!("mariadbd:{port}"), spec, dir.path().join("mariadb.log"))?;
-            Server::started(MariaDb, process, port, dir)
+            Server::spawn(MariaDb, "mariadbd", &mariadbd, args, port, dir)
         })
     }
 

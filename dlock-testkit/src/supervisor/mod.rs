@@ -1,7 +1,7 @@
 //! The server supervisor: real servers from installed binaries, on free loopback ports,
 //! in temporary directories, with kill -9, SIGSTOP/SIGCONT and restart on the same data.
 //!
-//! One module per server kind builds on [`ServerProcess`]. Environment variables named
+//! One module per server kind builds on [`Node`] and [`Server`]. Environment variables named
 //! `DLOCK_TEST_<KIND>_URL` point the suite at external servers instead (see [`external_url`]).
 
 pub mod etcd;
@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -54,42 +54,50 @@ pub fn free_port() -> io::Result<u16> {
     Err(io::Error::other("no free loopback port could be reserved"))
 }
 
-/// Waits until something accepts TCP connections on `addr`, or `child` exits, or the
+/// Waits until something accepts TCP connections on `addr`, or the process exits, or the
 /// timeout passes.
 pub fn wait_for_port(addr: SocketAddr, server: &mut ServerProcess, timeout: Duration) -> io::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return Ok(());
-        }
-        if let Some(status) = server.exit_status()? {
-            return Err(io::Error::other(format!(
-                "{} exited with {status} before listening on {addr}; log:\n{}",
-                server.name,
-                server.log_tail()
-            )));
-        }
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("{} did not listen on {addr} within {timeout:?}; log:\n{}", server.name, server.log_tail()),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    server.wait_until(&format!("listening on {addr}"), timeout, Duration::from_millis(20), || {
+        Ok(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
+    })
 }
 
 /// Starts a server on a free port, retrying with a fresh port (up to 5 times) when the
 /// start fails, which is what happens when another process took the port first.
 pub fn start_on_free_port<T>(mut start: impl FnMut(u16) -> io::Result<T>) -> io::Result<T> {
+    retry(5, || start(free_port()?))
+}
+
+/// Runs `attempt` up to `attempts` times until it succeeds, else returns the last error:
+/// a start that lost a port race to another process succeeds on fresh ports.
+pub(crate) fn retry<T>(attempts: usize, mut attempt: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     let mut last = None;
-    for _ in 0..5 {
-        match start(free_port()?) {
-            Ok(server) => return Ok(server),
+    for _ in 0..attempts {
+        match attempt() {
+            Ok(done) => return Ok(done),
             Err(err) => last = Some(err),
         }
     }
     Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
+}
+
+/// Calls `check` every `every` until it yields a value (`Ok(Some(_))`) or fails, or until
+/// `timeout` passes, which is `Ok(None)`: the caller knows what to say about the wait.
+pub(crate) fn poll<T>(
+    timeout: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> io::Result<Option<T>>,
+) -> io::Result<Option<T>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check()? {
+            return Ok(Some(value));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(every);
+    }
 }
 
 /// A kind of server: how long it may take to come up, and how to tell that it has.
@@ -103,24 +111,25 @@ pub trait Kind {
     }
 }
 
-/// A server on a loopback port, in a scratch directory that outlives its process: what
-/// every kind of server shares. `K` holds what is particular to the kind (its start and
-/// its URL live in the kind's module).
+/// One server process of a kind, listening on a loopback address: a standalone server
+/// (see [`Server`]) or a member of a cluster. `K` holds what is particular to the kind.
 #[derive(Debug)]
-pub struct Server<K> {
+pub struct Node<K> {
     kind: K,
     process: ServerProcess,
     addr: SocketAddr,
-    // Dropped after the process (fields drop in order), so the data outlives the server.
-    _dir: tempfile::TempDir,
 }
 
-impl<K: Kind> Server<K> {
-    /// Waits until the process just spawned serves on `127.0.0.1:port`.
-    pub(crate) fn started(kind: K, mut process: ServerProcess, port: u16, dir: tempfile::TempDir) -> io::Result<Self> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        kind.ready(addr, &mut process)?;
-        Ok(Server { kind, process, addr, _dir: dir })
+impl<K: Kind> Node<K> {
+    /// A process just spawned; it may not serve yet (members of a cluster serve only once
+    /// enough of them run, so they are all spawned before any is waited for).
+    pub(crate) fn new(kind: K, process: ServerProcess, addr: SocketAddr) -> Self {
+        Node { kind, process, addr }
+    }
+
+    /// Waits until the process serves.
+    pub(crate) fn wait_ready(&mut self) -> io::Result<()> {
+        self.kind.ready(self.addr, &mut self.process)
     }
 
     pub(crate) fn kind(&self) -> &K {
@@ -137,14 +146,14 @@ impl<K: Kind> Server<K> {
         &mut self.process
     }
 
-    /// The directory it keeps its data and log in.
-    pub fn dir(&self) -> &Path {
-        self._dir.path()
-    }
-
     /// kill -9, keeping the data.
     pub fn kill(&mut self) {
         self.process.kill();
+    }
+
+    /// Whether the process runs (it was not killed and has not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.process.pid().is_some() && matches!(self.process.exit_status(), Ok(None))
     }
 
     /// Starts it again on the same port and data, and waits until it serves. A killed
@@ -154,7 +163,7 @@ impl<K: Kind> Server<K> {
         let deadline = Instant::now() + K::START_TIMEOUT;
         loop {
             self.process.start_again()?;
-            match self.kind.ready(self.addr, &mut self.process) {
+            match self.wait_ready() {
                 Ok(()) => return Ok(()),
                 Err(err) if Instant::now() < deadline => {
                     tracing::debug!(%err, "{} did not start again yet; retrying", self.process.name());
@@ -164,6 +173,60 @@ impl<K: Kind> Server<K> {
                 Err(err) => return Err(err),
             }
         }
+    }
+}
+
+/// A standalone server: a [`Node`] (whose methods it has) in a scratch directory that
+/// outlives its process.
+#[derive(Debug)]
+pub struct Server<K> {
+    node: Node<K>,
+    // Dropped after the process (fields drop in order), so the data outlives the server.
+    _dir: tempfile::TempDir,
+}
+
+impl<K: Kind> Server<K> {
+    /// Spawns `program` with `args` in `dir` as `<name>:<port>`, logging to
+    /// `<dir>/<name>.log`, and waits until it serves on `127.0.0.1:port`.
+    pub(crate) fn spawn(
+        kind: K,
+        name: &str,
+        program: &Path,
+        args: Vec<String>,
+        port: u16,
+        dir: tempfile::TempDir,
+    ) -> io::Result<Self> {
+        let spec = CommandSpec::new(program).args(args).cwd(dir.path());
+        let process = ServerProcess::spawn(format!("{name}:{port}"), spec, dir.path().join(format!("{name}.log")))?;
+        Self::started(kind, process, port, dir)
+    }
+
+    /// Waits until the process just spawned serves on `127.0.0.1:port`.
+    pub(crate) fn started(kind: K, process: ServerProcess, port: u16, dir: tempfile::TempDir) -> io::Result<Self> {
+        let mut node = Node::new(kind, process, SocketAddr::from(([127, 0, 0, 1], port)));
+        node.wait_ready()?;
+        Ok(Server { node, _dir: dir })
+    }
+}
+
+impl<K> Server<K> {
+    /// The directory it keeps its data and log in.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+}
+
+impl<K> std::ops::Deref for Server<K> {
+    type Target = Node<K>;
+
+    fn deref(&self) -> &Node<K> {
+        &self.node
+    }
+}
+
+impl<K> std::ops::DerefMut for Server<K> {
+    fn deref_mut(&mut self) -> &mut Node<K> {
+        &mut self.node
     }
 }
 
@@ -301,6 +364,37 @@ impl ServerProcess {
         self.start()
     }
 
+    /// Calls `probe` every `every` until it says the server is `what` (a state such as
+    /// `healthy` or `listening on <addr>`); fails, with the end of the log, when the process
+    /// exits first or `timeout` passes.
+    pub fn wait_until(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        every: Duration,
+        mut probe: impl FnMut() -> io::Result<bool>,
+    ) -> io::Result<()> {
+        let ready = poll(timeout, every, || {
+            if probe()? {
+                return Ok(Some(()));
+            }
+            match self.exit_status()? {
+                Some(status) => Err(io::Error::other(format!(
+                    "{} exited with {status} before it was {what}; log:\n{}",
+                    self.name,
+                    self.log_tail()
+                ))),
+                None => Ok(None),
+            }
+        })?;
+        ready.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{} was not {what} within {timeout:?}; log:\n{}", self.name, self.log_tail()),
+            )
+        })
+    }
+
     /// The last lines of the log, for error messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -417,4 +511,33 @@ pub fn find_program(name: &str, extra_dirs: &[&str]) -> Option<PathBuf> {
         .chain(extra_dirs.iter().map(PathBuf::from))
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
+}
+
+/// [`find_program`], or an error that says how to install it.
+pub(crate) fn program(name: &str, extra_dirs: &[&str]) -> io::Result<PathBuf> {
+    find_program(name, extra_dirs).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("{name} not found; run scripts/install-backends"))
+    })
+}
+
+/// `output` if its command succeeded, else an error with `what` and all it printed.
+pub(crate) fn succeeded(what: &str, output: Output) -> io::Result<Output> {
+    if output.status.success() {
+        return Ok(output);
+    }
+    Err(io::Error::other(format!(
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )))
+}
+
+/// `cp -a from to`: a server's own copy of a [`cached`] data directory.
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+    let status = Command::new("cp").arg("-a").arg(from).arg(to).status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("copying {} failed", from.display())))
+    }
 }

@@ -10,7 +10,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{cached, find_program, start_on_free_port, CommandSpec, Kind, Server, ServerProcess};
+use super::{cached, copy_tree, start_on_free_port, succeeded, Kind, Server};
 
 const BIN_DIRS: &[&str] = &[
     "/usr/lib/postgresql/17/bin",
@@ -51,15 +51,14 @@ fn current_uid() -> u32 {
         .unwrap_or(0)
 }
 
+/// The first of [`BIN_DIRS`] that has `name`, then `PATH`: Debian keeps the server
+/// programs off `PATH`, one directory per major version, newest first.
 fn program(name: &str) -> io::Result<PathBuf> {
-    BIN_DIRS.iter().map(|dir| Path::new(dir).join(name)).find(|p| p.is_file()).map_or_else(
-        || {
-            find_program(name, &[]).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("{name} not found; run scripts/install-backends"))
-            })
-        },
-        Ok,
-    )
+    BIN_DIRS
+        .iter()
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file())
+        .map_or_else(|| super::program(name, &[]), Ok)
 }
 
 fn chown_tree(path: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
@@ -91,15 +90,7 @@ fn template() -> io::Result<PathBuf> {
             .arg(scratch)
             .args(["-U", "postgres", "--auth=trust", "--no-sync", "--encoding=UTF8", "--locale=C"])
             .current_dir("/");
-        let out = cmd.output()?;
-        if !out.status.success() {
-            return Err(io::Error::other(format!(
-                "initdb failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
-        Ok(())
+        succeeded("initdb", cmd.output()?).map(drop)
     })
 }
 
@@ -113,10 +104,7 @@ impl Server<Postgres> {
         start_on_free_port(|port| {
             let dir = tempfile::Builder::new().prefix("dlock-postgres-").tempdir()?;
             let data = dir.path().join("data");
-            let status = Command::new("cp").arg("-a").arg(&template).arg(&data).status()?;
-            if !status.success() {
-                return Err(io::Error::other("copying the postgres template failed"));
-            }
+            copy_tree(&template, &data)?;
             chown_tree(dir.path(), owner)?;
             let mut args: Vec<String> = Vec::new();
             let program = match owner {
@@ -148,9 +136,7 @@ impl Server<Postgres> {
                 args.push("-c".into());
                 args.push(format!("{key}={value}"));
             }
-            let spec = CommandSpec::new(&program).args(args).cwd(dir.path());
-            let process = ServerProcess::spawn(format!("postgres:{port}"), spec, dir.path().join("postgres.log"))?;
-            Server::started(Postgres, process, port, dir)
+            Server::spawn(Postgres, "postgres", &program, args, port, dir)
         })
     }
 

@@ -3,11 +3,14 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use super::{find_program, start_on_free_port, wait_for_port, CommandSpec, Kind, Server, ServerProcess};
+use super::{
+    free_port, poll, program, retry, start_on_free_port, succeeded, wait_for_port, Kind, Server, ServerProcess,
+};
+
+const BIN_DIRS: &[&str] = &["/usr/bin", "/usr/local/bin"];
 
 /// How to run a redis-server.
 #[derive(Debug, Clone, Default)]
@@ -27,8 +30,11 @@ impl Kind for Redis {
     fn ready(&self, addr: SocketAddr, process: &mut ServerProcess) -> io::Result<()> {
         wait_for_port(addr, process, Self::START_TIMEOUT)?;
         // Another process may have taken the port first and be the one answering: only
-        // our own log says that this server is listening.
-        wait_until_ready(process, Self::START_TIMEOUT)
+        // our own log says that this server is listening (else it exits, unable to bind).
+        let log = process.log_path().to_owned();
+        process.wait_until("ready", Self::START_TIMEOUT, Duration::from_millis(5), || {
+            Ok(std::fs::read_to_string(&log)?.contains("Ready to accept connections"))
+        })
     }
 }
 
@@ -38,7 +44,7 @@ pub type RedisServer = Server<Redis>;
 impl Server<Redis> {
     /// Starts a redis-server on a free port.
     pub fn start(config: &RedisConfig) -> io::Result<Self> {
-        let program = program("redis-server")?;
+        let program = program("redis-server", BIN_DIRS)?;
         start_on_free_port(|port| {
             let dir = tempfile::Builder::new().prefix("dlock-redis-").tempdir()?;
             let mut args = vec![
@@ -59,9 +65,7 @@ impl Server<Redis> {
                 args.extend(["--appendonly", "no"].map(String::from));
             }
             args.extend(config.extra_args.iter().cloned());
-            let spec = CommandSpec::new(&program).args(args).cwd(dir.path());
-            let process = ServerProcess::spawn(format!("redis-server:{port}"), spec, dir.path().join("redis.log"))?;
-            Server::started(Redis, process, port, dir)
+            Server::spawn(Redis, "redis-server", &program, args, port, dir)
         })
     }
 
@@ -88,7 +92,7 @@ impl Server<Redis> {
         // Connected is not enough: for a moment after the initial sync the replica does
         // not acknowledge writes yet. Wait until it acknowledges one.
         wait_until(Duration::from_secs(20), "the replica acknowledges writes", || {
-            let out = cli_stdin(master.addr, "SET dlock-supervisor:replica-probe 1\nWAIT 1 100\n")?;
+            let out = cli_stdin(master.addr(), "SET dlock-supervisor:replica-probe 1\nWAIT 1 100\n")?;
             Ok(out.lines().nth(1).is_some_and(|acked| acked.trim() == "1"))
         })?;
         cli(master.addr(), &["DEL", "dlock-supervisor:replica-probe"])?;
@@ -101,82 +105,45 @@ impl Server<Redis> {
     }
 }
 
-/// Waits until the server logs that it accepts connections, failing if it exits first
-/// (a port another process took meanwhile) or the timeout passes.
-fn wait_until_ready(process: &mut ServerProcess, timeout: Duration) -> io::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if std::fs::read_to_string(process.log_path())?.contains("Ready to accept connections") {
-            return Ok(());
-        }
-        if let Some(status) = process.exit_status()? {
-            return Err(io::Error::other(format!(
-                "{} exited with {status}; log:\n{}",
-                process.name(),
-                process.log_tail()
-            )));
-        }
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} is not ready", process.name())));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn program(name: &str) -> io::Result<PathBuf> {
-    find_program(name, &["/usr/bin", "/usr/local/bin"]).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, format!("{name} not found; run scripts/install-backends"))
-    })
-}
-
 /// Runs `redis-cli -h 127.0.0.1 -p <port> <args>`, failing on a non-zero exit.
 pub fn cli(addr: SocketAddr, args: &[&str]) -> io::Result<String> {
-    let output = Command::new(program("redis-cli")?)
-        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
-        .args(args)
-        .output()?;
-    if !output.status.success() {
-        return Err(io::Error::other(format!(
-            "redis-cli {args:?} on {addr} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        )));
-    }
+    let output = cli_command(addr)?.args(args).output()?;
+    let output = succeeded(&format!("redis-cli {args:?} on {addr}"), output)?;
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Runs the commands in `script` (one per line) on one redis-cli connection.
 fn cli_stdin(addr: SocketAddr, script: &str) -> io::Result<String> {
     use std::io::Write;
-    let mut child = Command::new(program("redis-cli")?)
-        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
+    let mut child = cli_command(addr)?.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     child.stdin.take().ok_or_else(|| io::Error::other("no stdin"))?.write_all(script.as_bytes())?;
-    let output = child.wait_with_output()?;
-    if !output.status.success() {
-        return Err(io::Error::other(format!(
-            "redis-cli on {addr} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        )));
-    }
+    let output = succeeded(&format!("redis-cli on {addr}"), child.wait_with_output()?)?;
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+fn cli_command(addr: SocketAddr) -> io::Result<Command> {
+    let mut command = Command::new(program("redis-cli", BIN_DIRS)?);
+    command.args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()]);
+    Ok(command)
+}
+
+/// Waits until `check` holds; a failing check (a server not answering yet) is tried again,
+/// and the last failure is told when the time is up.
 fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -> io::Result<bool>) -> io::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let last = match check() {
-            Ok(true) => return Ok(()),
-            Ok(false) => String::new(),
-            Err(err) => err.to_string(),
-        };
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what}: not within {timeout:?} {last}")));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut last = String::new();
+    let held = poll(timeout, Duration::from_millis(50), || {
+        Ok(match check() {
+            Ok(held) => {
+                last.clear();
+                held.then_some(())
+            }
+            Err(err) => {
+                last = err.to_string();
+                None
+            }
+        })
+    })?;
+    held.ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, format!("{what}: not within {timeout:?} {last}")))
 }
 
 /// What a group of redis-servers is for: the URL scheme that names all of them.
@@ -231,7 +198,7 @@ impl<G: GroupKind> RedisGroup<G> {
 
     /// Every server's address.
     pub fn addrs(&self) -> Vec<SocketAddr> {
-        self.nodes.iter().map(RedisServer::addr).collect()
+        self.nodes.iter().map(|node| node.addr()).collect()
     }
 
     /// `<scheme>://<node>,<node>,...`.
@@ -291,9 +258,8 @@ impl RedisGroup<Cluster> {
 /// A cluster node's bus port is its own free port (not port + 10000, which may be taken
 /// or out of range); a start that loses a port race is retried with fresh ports.
 fn start_cluster_node() -> io::Result<RedisServer> {
-    let mut last = None;
-    for _ in 0..5 {
-        let bus = super::free_port()?;
+    retry(5, || {
+        let bus = free_port()?;
         let config = RedisConfig {
             persistent: false,
             extra_args: [
@@ -309,12 +275,8 @@ fn start_cluster_node() -> io::Result<RedisServer> {
             .map(String::from)
             .to_vec(),
         };
-        match RedisServer::start(&config) {
-            Ok(server) => return Ok(server),
-            Err(err) => last = Some(err),
-        }
-    }
-    Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
+        RedisServer::start(&config)
+    })
 }
 
 /// A Redis Sentinel as a [`Server`] kind: the name of the master it monitors.
@@ -333,7 +295,7 @@ impl Server<Sentinel> {
     /// one and short timeouts (a master is down after 1 s without answers), and waits
     /// until it answers for the master.
     pub fn start(master: SocketAddr, name: &str) -> io::Result<Self> {
-        let program = program("redis-server")?;
+        let program = program("redis-server", BIN_DIRS)?;
         start_on_free_port(|port| {
             let dir = tempfile::Builder::new().prefix("dlock-sentinel-").tempdir()?;
             let conf = dir.path().join("sentinel.conf");
@@ -350,11 +312,9 @@ impl Server<Sentinel> {
                     master_port = master.port(),
                 ),
             )?;
-            let spec =
-                CommandSpec::new(&program).args([conf.display().to_string(), "--sentinel".into()]).cwd(dir.path());
-            let process =
-                ServerProcess::spawn(format!("redis-sentinel:{port}"), spec, dir.path().join("sentinel.log"))?;
-            let sentinel = Server::started(Sentinel { master: name.to_string() }, process, port, dir)?;
+            let args = vec![conf.display().to_string(), "--sentinel".into()];
+            let sentinel =
+                Server::spawn(Sentinel { master: name.to_string() }, "redis-sentinel", &program, args, port, dir)?;
             wait_until(Duration::from_secs(10), "the sentinel knows the master", || {
                 Ok(sentinel.master_addr().is_ok_and(|a| a == master))
             })?;

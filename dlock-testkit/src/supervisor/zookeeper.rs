@@ -12,20 +12,17 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::{find_program, free_port, wait_for_port, CommandSpec, Kind, Server, ServerProcess};
+use super::{free_port, program, retry, CommandSpec, Kind, Node, Server, ServerProcess};
 
 /// The jar of the ZooKeeper server (its manifest names the other jars it needs).
 const SERVER_JAR: &str = "/usr/share/java/zookeeper.jar";
 
 /// A logging binding for the server's slf4j calls; without it the server logs nothing.
 const LOG_JAR: &str = "/usr/share/java/slf4j-simple.jar";
-
-/// How long a JVM may take to start serving on a loaded machine.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How to run a ZooKeeper server or ensemble member.
 #[derive(Debug, Clone)]
@@ -84,8 +81,7 @@ pub fn serving_mode(addr: SocketAddr) -> Option<String> {
 }
 
 fn java_command() -> io::Result<CommandSpec> {
-    let java = find_program("java", &["/usr/bin"])
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "java not found; run scripts/install-backends"))?;
+    let java = program("java", &["/usr/bin"])?;
     if !Path::new(SERVER_JAR).is_file() {
         return Err(io::Error::new(
             io::ErrorKind::NotFound,
@@ -168,39 +164,20 @@ fn spawn_member(name: String, files: &MemberFiles, config: &ZooKeeperConfig) -> 
 
 /// Waits until the server answers `srvr` with a serving mode, or the process exits, or
 /// the timeout passes.
-fn wait_serving(addr: SocketAddr, process: &mut ServerProcess, timeout: Duration) -> io::Result<String> {
-    let deadline = Instant::now() + timeout;
-    wait_for_port(addr, process, timeout)?;
-    loop {
-        if let Some(mode) = serving_mode(addr) {
-            return Ok(mode);
-        }
-        if let Some(status) = process.exit_status()? {
-            return Err(io::Error::other(format!(
-                "{} exited with {status}; log:\n{}",
-                process.name(),
-                process.log_tail()
-            )));
-        }
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("{} does not serve within {timeout:?}; log:\n{}", process.name(), process.log_tail()),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_serving(addr: SocketAddr, process: &mut ServerProcess, timeout: Duration) -> io::Result<()> {
+    process.wait_until("serving", timeout, Duration::from_millis(20), || Ok(serving_mode(addr).is_some()))
 }
 
-/// ZooKeeper as a [`Server`] kind: it serves once it answers `srvr` with a mode.
+/// ZooKeeper as a [`Node`] kind: it serves once it answers `srvr` with a mode.
 #[derive(Debug)]
 pub struct ZooKeeper;
 
 impl Kind for ZooKeeper {
-    const START_TIMEOUT: Duration = START_TIMEOUT;
+    // What a JVM may take to start serving on a loaded machine.
+    const START_TIMEOUT: Duration = Duration::from_secs(60);
 
     fn ready(&self, addr: SocketAddr, process: &mut ServerProcess) -> io::Result<()> {
-        wait_serving(addr, process, Self::START_TIMEOUT).map(drop)
+        wait_serving(addr, process, Self::START_TIMEOUT)
     }
 }
 
@@ -240,15 +217,9 @@ impl Server<ZooKeeper> {
     }
 }
 
-/// One member of a [`ZooKeeperEnsemble`].
-struct Member {
-    process: ServerProcess,
-    addr: SocketAddr,
-}
-
 /// An ensemble of ZooKeeper servers on loopback, each with its own data directory.
 pub struct ZooKeeperEnsemble {
-    members: Vec<Member>,
+    members: Vec<Node<ZooKeeper>>,
     _dir: TempDir,
 }
 
@@ -256,14 +227,7 @@ impl ZooKeeperEnsemble {
     /// Starts an ensemble of `size` members and waits until every member serves (one
     /// leader, the others followers). Retries on fresh ports when a port was taken.
     pub fn start(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
-        let mut last = None;
-        for _ in 0..3 {
-            match Self::try_start(size, config) {
-                Ok(ensemble) => return Ok(ensemble),
-                Err(err) => last = Some(err),
-            }
-        }
-        Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
+        retry(3, || Self::try_start(size, config))
     }
 
     fn try_start(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
@@ -282,10 +246,10 @@ impl ZooKeeperEnsemble {
             let id = (i + 1) as u32;
             let files = write_member_files(dir.path(), id, *client, config, &quorum)?;
             let process = spawn_member(format!("zookeeper-{id}:{client}"), &files, config)?;
-            members.push(Member { process, addr: SocketAddr::from(([127, 0, 0, 1], *client)) });
+            members.push(Node::new(ZooKeeper, process, SocketAddr::from(([127, 0, 0, 1], *client))));
         }
         for member in &mut members {
-            wait_serving(member.addr, &mut member.process, START_TIMEOUT)?;
+            member.wait_ready()?;
         }
         Ok(ZooKeeperEnsemble { members, _dir: dir })
     }
@@ -297,12 +261,12 @@ impl ZooKeeperEnsemble {
 
     /// The client address of member `i` (0-based).
     pub fn addr(&self, i: usize) -> SocketAddr {
-        self.members[i].addr
+        self.members[i].addr()
     }
 
     /// Every member's client address, comma-separated: a ZooKeeper connect string.
     pub fn connect_string(&self) -> String {
-        self.members.iter().map(|m| m.addr.to_string()).collect::<Vec<_>>().join(",")
+        self.members.iter().map(|m| m.addr().to_string()).collect::<Vec<_>>().join(",")
     }
 
     /// `zk://<every member>`.
@@ -312,19 +276,17 @@ impl ZooKeeperEnsemble {
 
     /// The index of the member that says it leads, if one does.
     pub fn leader(&self) -> Option<usize> {
-        (0..self.members.len()).find(|&i| serving_mode(self.members[i].addr).as_deref() == Some("leader"))
+        (0..self.members.len()).find(|&i| serving_mode(self.members[i].addr()).as_deref() == Some("leader"))
     }
 
     /// kill -9 of member `i`, keeping its data.
     pub fn kill(&mut self, i: usize) {
-        self.members[i].process.kill();
+        self.members[i].kill();
     }
 
     /// Starts member `i` again on its ports and data, and waits until it serves.
     pub fn start_again(&mut self, i: usize) -> io::Result<()> {
-        let member = &mut self.members[i];
-        member.process.start_again()?;
-        wait_serving(member.addr, &mut member.process, START_TIMEOUT).map(drop)
+        self.members[i].start_again()
     }
 
     /// Waits until the members still running serve again (a quorum elected a leader).
@@ -339,7 +301,7 @@ impl ZooKeeperEnsemble {
 
     /// The `mntr` metrics of member `i`.
     pub fn monitor(&self, i: usize) -> io::Result<HashMap<String, String>> {
-        monitor(self.members[i].addr)
+        monitor(self.members[i].addr())
     }
 }
 
