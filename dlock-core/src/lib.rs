@@ -83,6 +83,7 @@ mod stats;
 mod testing;
 mod token;
 mod url;
+pub mod wire;
 
 #[cfg(feature = "bench")]
 pub use baseline::RawBaseline;

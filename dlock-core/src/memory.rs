@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{lock_unpoisoned, Attempt, Backend, Client, ClientConfig, Release, Renewal, Request, RequestId};
@@ -39,6 +39,8 @@ use crate::error::{LockError, LostReason};
 use crate::info::{Capabilities, Holder, LockInfo};
 use crate::name::{LockName, OwnerId};
 use crate::token::FencingToken;
+pub use crate::wire::Fault;
+use crate::wire::{Switch, Wire};
 
 /// A client of a [`MemoryStore`].
 pub type MemoryLocker = Client<MemoryBackend>;
@@ -151,7 +153,7 @@ impl MemoryStore {
 
     /// A new backend handle (one "connection") for building a [`Client`] by hand.
     pub fn backend(&self) -> MemoryBackend {
-        MemoryBackend { shared: self.shared.clone(), link: Arc::new(Wire::default()) }
+        MemoryBackend { shared: self.shared.clone(), wire: Wire::new("memory link") }
     }
 
     /// Deletes a lock's hold as an operator would, waking its first waiter. The fence
@@ -184,122 +186,25 @@ impl Shared {
     }
 }
 
-/// A network fault a [`MemoryLink`] plays between one client and the store, as a TCP
-/// proxy would between a client and a server.
-///
-/// A request that got through is applied even if its caller gave up meanwhile (the
-/// client's operation timeout), and a request held back flows on when the fault lifts:
-/// the outcome of a call is then unknown to its caller, as over a real network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Fault {
-    /// Everything flows.
-    #[default]
-    None,
-    /// The connection is refused: calls fail at once, and a call whose request got through
-    /// loses its reply and fails too.
-    Cut,
-    /// Nothing flows either way, as when a host freezes; what was held back flows on when
-    /// the fault changes.
-    Blackhole,
-    /// Requests are held back (not applied); replies flow.
-    BlackholeRequests,
-    /// Requests flow and are applied; replies are held back.
-    BlackholeReplies,
-    /// Requests flow and are applied; replies are thrown away. The connection stays open
-    /// while the fault lasts, so callers wait until they give up; over TCP, a connection
-    /// that lost replies is closed when the fault ends, since its stream is broken.
-    DropReplies,
-    /// Requests flow and are applied; each reply arrives this much later.
-    DelayReplies(Duration),
-    /// Requests and replies each arrive this much later.
-    Delay(Duration),
-}
-
 /// One client's connection to a [`MemoryStore`].
 pub struct MemoryBackend {
     shared: Arc<Shared>,
-    link: Arc<Wire>,
-}
-
-/// One client's connection: the fault it plays, and the order of the requests held back
-/// by a fault, which reach the store in the order they were sent, as over one TCP stream.
-struct Wire {
-    fault: watch::Sender<Fault>,
-    /// Requests sent while a fault was (or requests were) held back, not yet through.
-    held: AtomicU64,
-    /// The sequence number the next such request gets.
-    next: AtomicU64,
-    /// The sequence number of the request allowed through next.
-    through: watch::Sender<u64>,
-}
-
-impl Default for Wire {
-    fn default() -> Self {
-        Wire {
-            fault: watch::channel(Fault::None).0,
-            held: AtomicU64::new(0),
-            next: AtomicU64::new(0),
-            through: watch::channel(0).0,
-        }
-    }
-}
-
-/// Lets the next held request through when the current one is done with, whatever path
-/// it took.
-struct Turn<'a>(&'a Wire);
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        self.0.through.send_modify(|n| *n += 1);
-        self.0.held.fetch_sub(1, Ordering::SeqCst);
-    }
+    wire: Wire,
 }
 
 impl std::fmt::Debug for MemoryBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryBackend").field("fault", &*self.link.fault.borrow()).finish_non_exhaustive()
+        f.debug_struct("MemoryBackend").field("fault", &self.wire.fault()).finish_non_exhaustive()
     }
 }
 
 /// A switch on one [`MemoryBackend`]'s link, to play network faults in tests.
-#[derive(Clone)]
-pub struct MemoryLink {
-    link: Arc<Wire>,
-}
-
-impl std::fmt::Debug for MemoryLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryLink").field("fault", &*self.link.fault.borrow()).finish()
-    }
-}
-
-impl MemoryLink {
-    /// Plays `fault` from now on, for calls under way too.
-    pub fn set(&self, fault: Fault) {
-        self.link.fault.send_replace(fault);
-    }
-
-    /// Every call fails at once with `Unavailable`, as on a refused connection.
-    pub fn cut(&self) {
-        self.set(Fault::Cut);
-    }
-
-    /// Every call hangs (until the client's operation timeout), as when packets vanish.
-    pub fn blackhole(&self) {
-        self.set(Fault::Blackhole);
-    }
-
-    /// The link works again.
-    pub fn restore(&self) {
-        self.set(Fault::None);
-    }
-}
+pub type MemoryLink = Switch;
 
 impl MemoryBackend {
     /// The switch on this backend's link.
     pub fn link(&self) -> MemoryLink {
-        MemoryLink { link: self.link.clone() }
+        self.wire.switch()
     }
 
     /// Sends one request over the link: `op` runs on the store when the request gets
@@ -310,82 +215,8 @@ impl MemoryBackend {
         T: Send + 'static,
         F: FnOnce(&Shared) -> T + Send + 'static,
     {
-        let wire = &self.link;
-        if *wire.fault.borrow() == Fault::None && wire.held.load(Ordering::SeqCst) == 0 {
-            self.shared.reachable()?;
-            return Ok(op(&self.shared));
-        }
-        wire.held.fetch_add(1, Ordering::SeqCst);
-        let turn = wire.next.fetch_add(1, Ordering::SeqCst);
-        let (reply, answer) = oneshot::channel();
-        let (shared, wire) = (self.shared.clone(), self.link.clone());
-        tokio::spawn(async move {
-            let mut fault = wire.fault.subscribe();
-            let mut through = wire.through.subscribe();
-            // Held or delayed requests wait side by side, then reach the store in order.
-            let passage = pass(&mut fault, Direction::Request).await;
-            if let Some(delay) = passage {
-                tokio::time::sleep(delay).await;
-            }
-            let _ = through.wait_for(|n| *n == turn).await;
-            let ours = Turn(&wire);
-            if passage.is_none() {
-                let _ = reply.send(Err(LockError::unavailable("memory link is cut")));
-                return;
-            }
-            let outcome = shared.reachable().map(|()| op(&shared));
-            drop(ours);
-            match pass(&mut fault, Direction::Reply).await {
-                Some(delay) => {
-                    tokio::time::sleep(delay).await;
-                    let _ = reply.send(outcome);
-                }
-                None if *fault.borrow() == Fault::DropReplies => {
-                    // Thrown away with the connection still open: the caller waits on
-                    // (an answer that never comes) until it gives up.
-                    let _ = fault.changed().await;
-                    drop(reply);
-                }
-                None => {
-                    let _ = reply.send(Err(LockError::unavailable("memory link was cut before the reply")));
-                }
-            }
-        });
-        match answer.await {
-            Ok(outcome) => outcome,
-            Err(_) => std::future::pending().await,
-        }
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Direction {
-    Request,
-    Reply,
-}
-
-/// Waits until `direction` may pass: `Some(delay)` when it passes after that delay, `None`
-/// when it never will (cut, or replies dropped).
-async fn pass(fault: &mut watch::Receiver<Fault>, direction: Direction) -> Option<Duration> {
-    loop {
-        let current = *fault.borrow_and_update();
-        let held = match (current, direction) {
-            (Fault::None, _) => return Some(Duration::ZERO),
-            (Fault::Cut, _) => return None,
-            (Fault::Blackhole, _) => true,
-            (Fault::BlackholeRequests, Direction::Request) | (Fault::BlackholeReplies, Direction::Reply) => true,
-            (Fault::BlackholeRequests | Fault::BlackholeReplies, _) => false,
-            (Fault::DropReplies, Direction::Request) => false,
-            (Fault::DropReplies, Direction::Reply) => return None,
-            (Fault::DelayReplies(d), Direction::Reply) | (Fault::Delay(d), _) => return Some(d),
-            (Fault::DelayReplies(_), Direction::Request) => false,
-        };
-        if !held {
-            return Some(Duration::ZERO);
-        }
-        if fault.changed().await.is_err() {
-            return None;
-        }
+        let shared = self.shared.clone();
+        self.wire.carry(move || async move { shared.reachable().map(|()| op(&shared)) }).await
     }
 }
 
@@ -602,6 +433,7 @@ impl Backend for MemoryBackend {
         let name = name.clone();
         self.call(move |shared| shared.inspect(&name)).await
     }
+
 }
 
 fn drop_ticket(slot: &mut Slot, ticket: &mut Option<MemoryTicket>) {

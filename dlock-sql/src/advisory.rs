@@ -200,7 +200,7 @@ impl AdvisoryBackend {
 
     /// The fault switch of this client's pool (see [`SqlLink`]).
     pub fn link(&self) -> SqlLink {
-        SqlLink::new(self.shared.conn.clone())
+        self.shared.conn.link()
     }
 
     /// Ends the session holding `name`, as an operator would (`pg_terminate_backend`,

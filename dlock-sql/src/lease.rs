@@ -154,7 +154,7 @@ impl SqlBackend {
 
     /// The fault switch of this client, for fault-injection tests (see [`SqlLink`]).
     pub fn link(&self) -> SqlLink {
-        SqlLink::new(self.shared.conn.clone())
+        self.shared.conn.link()
     }
 
     /// Clears the holder of `name` as an operator would (a forced unlock): the holder's
