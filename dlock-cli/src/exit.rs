@@ -12,6 +12,8 @@ pub(crate) const UNAVAILABLE: u8 = 69;
 pub(crate) const TEMPFAIL: u8 = 75;
 /// The lease was lost while the command ran.
 pub(crate) const LOST: u8 = 76;
+/// `--once`: the key already ran successfully; the command was not run again.
+pub(crate) const ALREADY_RAN: u8 = 79;
 
 /// A failure of the command itself: its message and exit code.
 #[derive(Debug)]

@@ -1,34 +1,55 @@
-//! `dlock run`: a command under a lock, like flock(1) and `etcdctl lock`.
+//! `dlock run`: a command under a lock, like flock(1) and `etcdctl lock`; under several
+//! locks at once (`--names`); or at most once per key (`--once`).
 
 use std::process::{ExitCode, ExitStatus};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use dlock::{Lease, LockName, LockOptions, LostReason};
+use dlock::{
+    idempotent, IdempotentError, IdempotentOptions, Lease, LeaseHandle, LockError, LockName, LockOptions, Locker,
+    LostReason, MultiLease, MultiLock, RunOutcome,
+};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinHandle;
 
-use crate::exit::{Failure, LOST, TEMPFAIL, UNAVAILABLE};
+use crate::exit::{Failure, ALREADY_RAN, LOST, TEMPFAIL, UNAVAILABLE};
 use crate::{duration_arg, target};
 
 /// How long a command gets to exit after SIGTERM before it is killed.
 const GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("lock").required(true).args(["name", "names", "once"])))]
 pub(crate) struct RunArgs {
     /// The lease ttl: the watchdog renews it every ttl/3 while the command runs.
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
     ttl: Duration,
     /// How long to wait for the lock; 0 tries once. Default: wait as long as it takes.
+    /// Not used with --once, which never waits.
     #[arg(long, value_parser = wait_arg)]
     wait: Option<Duration>,
     /// A fixed lease: not renewed, lost when the ttl runs out.
     #[arg(long)]
     fixed: bool,
+    /// Hold all of these locks (comma-separated) while the command runs, taken all or
+    /// nothing in one global order; the command sees DLOCK_NAMES and DLOCK_TOKENS.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["name", "once"])]
+    names: Vec<String>,
+    /// Run the command at most once per KEY: a later run of the same key exits 79 and
+    /// prints the stored exit status; a run while another is under way exits 75. A
+    /// command that fails (non-zero exit) stores nothing, so the next run tries again.
+    #[arg(long, value_name = "KEY", conflicts_with = "name")]
+    once: Option<String>,
+    /// With --once: how long a successful run is remembered.
+    #[arg(long, default_value = "24h", value_parser = duration_arg, requires = "once")]
+    retention: Duration,
     /// The lock's name.
-    name: String,
+    name: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -43,52 +64,242 @@ fn wait_arg(text: &str) -> Result<Duration, String> {
 
 pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<ExitCode, Failure> {
     let url = target::resolve(url)?;
-    let name = LockName::new(&args.name)?;
     let opts = if args.fixed { LockOptions::fixed(args.ttl) } else { LockOptions::watchdog(args.ttl) };
     let locker = dlock::connect(&url).await?;
-
-    let lease = match args.wait {
-        Some(wait) if wait.is_zero() => locker.try_acquire(&name, &opts).await?,
-        Some(wait) => match locker.acquire(&name, &opts.wait(wait)).await {
-            Err(dlock::LockError::Timeout) => None,
-            other => Some(other?),
-        },
-        None => Some(locker.acquire(&name, &opts).await?),
+    if let Some(key) = &args.once {
+        return run_once(&*locker, &LockName::new(key)?, opts, &args, &url).await;
+    }
+    let held = if args.names.is_empty() {
+        let name = LockName::new(args.name.as_deref().unwrap_or_default())?;
+        acquire_one(&*locker, &name, opts, args.wait).await?.map(Held::One)
+    } else {
+        let names = args.names.iter().map(LockName::new).collect::<Result<Vec<_>, _>>()?;
+        let multi = MultiLock::on(locker, names)?;
+        acquire_many(&multi, opts, args.wait).await?.map(Held::Many)
     };
-    let Some(lease) = lease else {
+    let Some(held) = held else {
         let waited = args.wait.map_or("at once".to_string(), |w| format!("within {w:?}"));
-        return Err(Failure::new(TEMPFAIL, format!("lock {name} is held elsewhere; not acquired {waited}")));
+        return Err(Failure::new(TEMPFAIL, format!("{} held elsewhere; not acquired {waited}", held_what(&args))));
     };
+    let child = spawn(&args.command, &held.env(&url))?;
+    let what = held.what();
+    match supervise(child, held.lost()).await? {
+        Outcome::Exited(status) => match held.release().await {
+            Ok(()) => Ok(exit_code(status)),
+            Err(LockError::NotHeld) => Err(Failure::new(
+                LOST,
+                format!(
+                    "the lease on {what} was lost before the command finished; its work may have overlapped another holder's"
+                ),
+            )),
+            Err(e) => {
+                eprintln!("dlock: releasing {what} failed ({e}); its ttl will free it");
+                Ok(exit_code(status))
+            }
+        },
+        Outcome::Lost(reason) => Err(Failure::new(
+            LOST,
+            format!("the lease on {} was lost ({reason}); the command was sent SIGTERM", held.what()),
+        )),
+    }
+}
 
-    let mut child = Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env("DLOCK_NAME", name.as_str())
-        .env("DLOCK_TOKEN", lease.token().to_string())
-        .env("DLOCK_URL", &url)
+fn held_what(args: &RunArgs) -> String {
+    match &args.name {
+        Some(name) => format!("lock {name} is"),
+        None => format!("one of the locks {} is", args.names.join(", ")),
+    }
+}
+
+async fn acquire_one(
+    locker: &dyn Locker,
+    name: &LockName,
+    opts: LockOptions,
+    wait: Option<Duration>,
+) -> Result<Option<Lease>, LockError> {
+    match wait {
+        Some(wait) if wait.is_zero() => locker.try_acquire(name, &opts).await,
+        Some(wait) => timed_out_is_none(locker.acquire(name, &opts.wait(wait)).await),
+        None => locker.acquire(name, &opts).await.map(Some),
+    }
+}
+
+async fn acquire_many(
+    multi: &MultiLock,
+    opts: LockOptions,
+    wait: Option<Duration>,
+) -> Result<Option<MultiLease>, LockError> {
+    match wait {
+        Some(wait) if wait.is_zero() => multi.try_acquire(&opts).await,
+        Some(wait) => timed_out_is_none(multi.acquire(&opts.wait(wait)).await),
+        None => multi.acquire(&opts).await.map(Some),
+    }
+}
+
+fn timed_out_is_none<T>(outcome: Result<T, LockError>) -> Result<Option<T>, LockError> {
+    match outcome {
+        Err(LockError::Timeout) => Ok(None),
+        other => other.map(Some),
+    }
+}
+
+/// One lock or several, held while the command runs.
+enum Held {
+    One(Lease),
+    Many(MultiLease),
+}
+
+impl Held {
+    fn what(&self) -> String {
+        match self {
+            Held::One(lease) => lease.name().to_string(),
+            Held::Many(lease) => lease.tokens().iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", "),
+        }
+    }
+
+    fn env(&self, url: &str) -> Vec<(&'static str, String)> {
+        let mut env = vec![("DLOCK_URL", url.to_string())];
+        match self {
+            Held::One(lease) => {
+                env.push(("DLOCK_NAME", lease.name().to_string()));
+                env.push(("DLOCK_TOKEN", lease.token().to_string()));
+            }
+            Held::Many(lease) => {
+                let tokens = lease.tokens();
+                let names = tokens.iter().map(|(name, _)| name.to_string()).collect::<Vec<_>>();
+                let pairs = tokens.iter().map(|(name, token)| format!("{name}={token}")).collect::<Vec<_>>();
+                env.push(("DLOCK_NAMES", names.join(",")));
+                env.push(("DLOCK_TOKENS", pairs.join(",")));
+            }
+        }
+        env
+    }
+
+    async fn lost(&self) -> LostReason {
+        match self {
+            Held::One(lease) => lease.lost().await,
+            Held::Many(lease) => lease.lost().await,
+        }
+    }
+
+    async fn release(self) -> Result<(), LockError> {
+        match self {
+            Held::One(lease) => lease.release().await,
+            Held::Many(lease) => lease.release().await,
+        }
+    }
+}
+
+/// What `--once` stores for a key: the run's exit status and when it finished.
+#[derive(Debug, Serialize, Deserialize)]
+struct OnceRecord {
+    status: i32,
+    finished_unix_ms: u64,
+}
+
+/// A command that exited non-zero: not stored, so the key is free for another try.
+struct CommandFailed(ExitStatus);
+
+async fn run_once(
+    locker: &dyn Locker,
+    key: &LockName,
+    opts: LockOptions,
+    args: &RunArgs,
+    url: &str,
+) -> Result<ExitCode, Failure> {
+    let settings = IdempotentOptions::new().with_lock(opts).with_retention(args.retention);
+    let stopping = Arc::new(Mutex::new(None));
+    let work = |lease: LeaseHandle| {
+        let env = [
+            ("DLOCK_URL", url.to_string()),
+            ("DLOCK_NAME", key.to_string()),
+            ("DLOCK_TOKEN", lease.token().to_string()),
+        ];
+        let stopping = stopping.clone();
+        async move {
+            let child = spawn(&args.command, &env).map_err(Err)?;
+            // The recipe drops this future when the lease is lost: the guard then stops
+            // the command as a lost lease stops it in a plain run.
+            let mut running = Running { child: Some(child), stopping };
+            let status = running.wait().await.map_err(Err)?;
+            if !status.success() {
+                return Err(Ok(CommandFailed(status)));
+            }
+            let finished_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            Ok(OnceRecord { status: 0, finished_unix_ms })
+        }
+    };
+    let outcome = idempotent(locker, key, &settings, work, || OnceRecord { status: -1, finished_unix_ms: 0 }).await;
+    let stop = stopping.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(stop) = stop {
+        let _ = stop.await;
+    }
+    match outcome {
+        Ok(RunOutcome::Ran(record)) => Ok(ExitCode::from(record.status as u8)),
+        Ok(RunOutcome::Stored(record)) => Err(Failure::new(
+            ALREADY_RAN,
+            format!(
+                "{key} already ran: exit status {} (stored at {} ms since the epoch)",
+                record.status, record.finished_unix_ms
+            ),
+        )),
+        Ok(RunOutcome::InProgress(_)) => {
+            Err(Failure::new(TEMPFAIL, format!("another run of {key} is in progress; not run")))
+        }
+        Err(IdempotentError::Work(Ok(CommandFailed(status)))) => Ok(exit_code(status)),
+        Err(IdempotentError::Work(Err(failure))) => Err(failure),
+        Err(IdempotentError::Lock(LockError::Lost(reason))) => Err(Failure::new(
+            LOST,
+            format!(
+                "the lease on {key} was lost ({reason}); the command was sent SIGTERM and its run was not recorded"
+            ),
+        )),
+        Err(IdempotentError::Lock(err)) => Err(err.into()),
+        Err(IdempotentError::TooLarge { size, limit }) => {
+            Err(Failure::new(UNAVAILABLE, format!("{key}: a record of {size} bytes is over {limit}")))
+        }
+        Err(IdempotentError::Codec(err)) => {
+            Err(Failure::new(UNAVAILABLE, format!("{key}: the stored record is not one of dlock run --once: {err}")))
+        }
+    }
+}
+
+/// A command running under `--once`; dropped before it exits, it is stopped in the
+/// background and the handle of that is left in `stopping`.
+struct Running {
+    child: Option<Child>,
+    stopping: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Running {
+    async fn wait(&mut self) -> Result<ExitStatus, Failure> {
+        let child = self.child.as_mut().expect("waited once");
+        let status = forwarding_signals(child).await?;
+        self.child = None;
+        Ok(status)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let stop = tokio::spawn(async move { stop(&mut child).await });
+            *self.stopping.lock().unwrap_or_else(|p| p.into_inner()) = Some(stop);
+        }
+    }
+}
+
+fn spawn(command: &[String], env: &[(&'static str, String)]) -> Result<Child, Failure> {
+    Command::new(&command[0])
+        .args(&command[1..])
+        .envs(env.iter().map(|(k, v)| (k, v)))
         // Its own process group, so that a lost lease stops the command's children too.
         .process_group(0)
         .spawn()
         .map_err(|e| {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-            Failure::new(code, format!("cannot run {}: {e}", args.command[0]))
-        })?;
-
-    match supervise(&mut child, &lease).await? {
-        Outcome::Exited(status) => match lease.release().await {
-            Ok(()) => Ok(exit_code(status)),
-            Err(dlock::LockError::NotHeld) => Err(Failure::new(
-                LOST,
-                format!("the lease on {name} was lost before the command finished; its work may have overlapped another holder's"),
-            )),
-            Err(e) => {
-                eprintln!("dlock: releasing {name} failed ({e}); its ttl will free it");
-                Ok(exit_code(status))
-            }
-        },
-        Outcome::Lost(reason) => {
-            Err(Failure::new(LOST, format!("the lease on {name} was lost ({reason}); the command was sent SIGTERM")))
-        }
-    }
+            Failure::new(code, format!("cannot run {}: {e}", command[0]))
+        })
 }
 
 enum Outcome {
@@ -98,8 +309,19 @@ enum Outcome {
 
 /// Waits for the command, forwarding SIGINT/SIGTERM/SIGHUP to it, and stops it if the
 /// lease is lost.
-async fn supervise(child: &mut Child, lease: &Lease) -> Result<Outcome, Failure> {
-    let group = child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw);
+async fn supervise(mut child: Child, lost: impl std::future::Future<Output = LostReason>) -> Result<Outcome, Failure> {
+    tokio::select! {
+        status = forwarding_signals(&mut child) => Ok(Outcome::Exited(status?)),
+        reason = lost => {
+            stop(&mut child).await;
+            Ok(Outcome::Lost(reason))
+        }
+    }
+}
+
+/// Waits for the command to exit, forwarding SIGINT/SIGTERM/SIGHUP to its process group.
+async fn forwarding_signals(child: &mut Child) -> Result<ExitStatus, Failure> {
+    let group = group(child);
     let signal_stream =
         |kind| signal(kind).map_err(|e| Failure::new(UNAVAILABLE, format!("cannot watch signals: {e}")));
     let (mut int, mut term, mut hup) = (
@@ -110,18 +332,17 @@ async fn supervise(child: &mut Child, lease: &Lease) -> Result<Outcome, Failure>
     loop {
         tokio::select! {
             status = child.wait() => {
-                let status = status.map_err(|e| Failure::new(UNAVAILABLE, format!("waiting for the command: {e}")))?;
-                return Ok(Outcome::Exited(status));
-            }
-            reason = lease.lost() => {
-                stop(child, group).await;
-                return Ok(Outcome::Lost(reason));
+                return status.map_err(|e| Failure::new(UNAVAILABLE, format!("waiting for the command: {e}")));
             }
             _ = int.recv() => forward(group, Signal::SIGINT),
             _ = term.recv() => forward(group, Signal::SIGTERM),
             _ = hup.recv() => forward(group, Signal::SIGHUP),
         }
     }
+}
+
+fn group(child: &Child) -> Option<Pid> {
+    child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw)
 }
 
 fn forward(group: Option<Pid>, signal: Signal) {
@@ -131,7 +352,8 @@ fn forward(group: Option<Pid>, signal: Signal) {
 }
 
 /// SIGTERM to the command's process group, SIGKILL after the grace period.
-async fn stop(child: &mut Child, group: Option<Pid>) {
+async fn stop(child: &mut Child) {
+    let group = group(child);
     forward(group, Signal::SIGTERM);
     if tokio::time::timeout(GRACE, child.wait()).await.is_err() {
         forward(group, Signal::SIGKILL);

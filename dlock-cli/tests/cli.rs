@@ -69,18 +69,7 @@ fn counts_exactly(url: &str, dir: &Path) {
 
 /// 75 when the lock is held past `--wait` (and at once with `--wait 0`).
 fn tempfail_when_held(url: &str, dir: &Path) {
-    let marker = dir.join("holding");
-    let mut holder = dlock(url)
-        .args(["run", "busy-lock", "--", "sh", "-c"])
-        .arg(format!("trap 'exit 143' TERM; touch {}; sleep 30 & wait", marker.display()))
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn holder");
-    let started = Instant::now();
-    while !marker.exists() {
-        assert!(started.elapsed() < Duration::from_secs(30), "the holder never got the lock");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let holder = start_holding(url, &["busy-lock"], &dir.join("holding"), "");
     for wait in ["300ms", "0"] {
         let out = output(dlock(url).args(["run", "--wait", wait, "busy-lock", "--", "true"]));
         assert_eq!(code(&out), 75, "--wait {wait}: {out:?}");
@@ -89,10 +78,7 @@ fn tempfail_when_held(url: &str, dir: &Path) {
         assert!(stderr.contains("busy-lock"), "{stderr}");
     }
     // SIGTERM to dlock is forwarded to the command, which ends, and dlock with it.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(holder.id() as i32), nix::sys::signal::Signal::SIGTERM)
-        .expect("signal the holder");
-    let status = holder.wait().expect("wait for the holder");
-    assert_eq!(status.code(), Some(143), "the command's own exit after SIGTERM comes through");
+    assert_eq!(terminate(holder).code(), Some(143), "the command's own exit after SIGTERM comes through");
 }
 
 /// 76 when the lease is lost while the command runs: a fixed lease runs out, the command
@@ -110,6 +96,77 @@ fn lost_lease_stops_the_command(url: &str, dir: &Path) {
     );
     assert!(marker.exists(), "the command did not get SIGTERM");
     assert!(String::from_utf8_lossy(&out.stderr).contains("lost"), "{out:?}");
+}
+
+/// Starts `dlock run ARGS -- sh -c '<touch marker>; sleep 30'` and returns once the
+/// command runs (its marker exists).
+fn start_holding(url: &str, args: &[&str], marker: &Path, before: &str) -> std::process::Child {
+    let script = format!("trap 'exit 143' TERM; {before} touch {}; sleep 30 & wait", marker.display());
+    let holder = dlock(url)
+        .arg("run")
+        .args(args)
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn holder");
+    let started = Instant::now();
+    while !marker.exists() {
+        assert!(started.elapsed() < Duration::from_secs(30), "the holder never got the lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    holder
+}
+
+fn terminate(mut holder: std::process::Child) -> std::process::ExitStatus {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(holder.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .expect("signal the holder");
+    holder.wait().expect("wait for the holder")
+}
+
+/// `--names`: every lock is held while the command runs, the command sees every name and
+/// token, and a multi-lock that cannot get one part holds none of them.
+fn names_hold_every_lock(url: &str, dir: &Path) {
+    let (marker, seen) = (dir.join("multi-holding"), dir.join("multi-env"));
+    let env = format!("echo \"$DLOCK_NAMES $DLOCK_TOKENS\" > {};", seen.display());
+    let holder = start_holding(url, &["--names", "multi-b,multi-a"], &marker, &env);
+    for name in ["multi-a", "multi-b"] {
+        let out = output(dlock(url).args(["run", "--wait", "0", name, "--", "true"]));
+        assert_eq!(code(&out), 75, "{name} is a part of the running multi-lock: {out:?}");
+    }
+    let out = output(dlock(url).args(["run", "--wait", "300ms", "--names", "multi-c,multi-a", "--", "true"]));
+    assert_eq!(code(&out), 75, "{out:?}");
+    let out = output(dlock(url).args(["run", "--wait", "0", "multi-c", "--", "true"]));
+    assert_eq!(code(&out), 0, "the failed multi-lock left multi-c held: {out:?}");
+    assert_eq!(terminate(holder).code(), Some(143));
+    let seen = std::fs::read_to_string(&seen).expect("the command wrote its environment");
+    let (names, tokens) = seen.trim().split_once(' ').expect("names and tokens");
+    assert_eq!(names, "multi-a,multi-b", "taken in one global order");
+    let tokens: Vec<&str> = tokens.split(',').collect();
+    assert!(tokens.len() == 2 && tokens[0].starts_with("multi-a=") && tokens[1].starts_with("multi-b="), "{tokens:?}");
+}
+
+/// `--once`: a failed run is not remembered, a successful one is; a later run exits 79
+/// with the stored status and does not run the command; a run while another is under
+/// way exits 75.
+fn once_runs_at_most_once(url: &str, dir: &Path) {
+    let out = output(dlock(url).args(["run", "--once", "job-1", "--", "sh", "-c", "exit 3"]));
+    assert_eq!(code(&out), 3, "a failing run passes its code through: {out:?}");
+    let out = output(dlock(url).args(["run", "--once", "job-1", "--", "true"]));
+    assert_eq!(code(&out), 0, "after a failure the key runs again: {out:?}");
+    let again = dir.join("ran-again");
+    let out = output(dlock(url).args(["run", "--once", "job-1", "--", "touch"]).arg(&again));
+    assert_eq!(code(&out), 79, "{out:?}");
+    assert!(!again.exists(), "the command ran a second time");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("job-1") && stderr.contains("exit status 0"), "{stderr}");
+
+    let marker = dir.join("once-running");
+    let holder = start_holding(url, &["--once", "job-2"], &marker, "");
+    let out = output(dlock(url).args(["run", "--once", "job-2", "--", "true"]));
+    assert_eq!(code(&out), 75, "a duplicate during the run: {out:?}");
+    assert_eq!(terminate(holder).code(), Some(143));
+    let out = output(dlock(url).args(["run", "--once", "job-2", "--", "true"]));
+    assert_eq!(code(&out), 0, "an interrupted run is not remembered: {out:?}");
 }
 
 /// The command's own exit code comes through.
@@ -164,6 +221,8 @@ mod redis {
         passes_exit_code(&server.url());
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
+        names_hold_every_lock(&server.url(), dir.path());
+        once_runs_at_most_once(&server.url(), dir.path());
     }
 }
 
@@ -184,6 +243,8 @@ mod zookeeper {
         passes_exit_code(&server.url());
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
+        names_hold_every_lock(&server.url(), dir.path());
+        once_runs_at_most_once(&server.url(), dir.path());
     }
 }
 
@@ -206,6 +267,8 @@ mod sqlite {
         passes_exit_code(&url(dir.path()));
         tempfail_when_held(&url(dir.path()), dir.path());
         lost_lease_stops_the_command(&url(dir.path()), dir.path());
+        names_hold_every_lock(&url(dir.path()), dir.path());
+        once_runs_at_most_once(&url(dir.path()), dir.path());
     }
 
     /// With no --url and no DLOCK_URL, the command uses a SQLite file in the data directory.
@@ -252,6 +315,8 @@ mod postgres {
         passes_exit_code(&server.url());
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
+        names_hold_every_lock(&server.url(), dir.path());
+        once_runs_at_most_once(&server.url(), dir.path());
     }
 }
 
@@ -272,6 +337,8 @@ mod mariadb {
         passes_exit_code(&server.url());
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
+        names_hold_every_lock(&server.url(), dir.path());
+        once_runs_at_most_once(&server.url(), dir.path());
     }
 }
 
@@ -293,6 +360,8 @@ mod etcd {
         passes_exit_code(&server.url());
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
+        names_hold_every_lock(&server.url(), dir.path());
+        once_runs_at_most_once(&server.url(), dir.path());
     }
 }
 

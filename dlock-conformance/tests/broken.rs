@@ -1,7 +1,8 @@
 //! The suite can fail: backends with one deliberate flaw each must fail the property
 //! that guards against it, while the sound backend passes it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,7 +11,9 @@ use dlock_conformance::properties::{self, Case};
 use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, FullFixture, Restart, Timing};
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::memory::{MemoryBackend, MemoryHold, MemoryStore, MemoryTicket};
-use dlock_core::{Capabilities, Client, ClientConfig, FencingToken, LockError, LockInfo, LockName, Locker};
+use dlock_core::{
+    Capabilities, Client, ClientConfig, FencingToken, LockError, LockInfo, LockName, Locker, StoredResult,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flaw {
@@ -26,12 +29,16 @@ enum Flaw {
     NoExclusion,
     /// Leaves the grant of an attempt whose reply was lost in place.
     NoGiveBack,
+    /// Stores a run's result without checking that its hold is still the live one.
+    StoreSkipsHoldCheck,
 }
 
 struct Broken {
     inner: MemoryBackend,
     store: MemoryStore,
     flaw: Flaw,
+    /// Where the flawed store keeps results, shared by the fixture's clients.
+    results: Arc<Mutex<HashMap<LockName, StoredResult>>>,
 }
 
 struct BrokenHold {
@@ -114,16 +121,40 @@ impl Backend for Broken {
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
         self.inner.inspect(name).await
     }
+
+    async fn store_result(
+        &self,
+        hold: &BrokenHold,
+        token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        if self.flaw == Flaw::StoreSkipsHoldCheck {
+            let record = StoredResult { token, value: value.to_vec() };
+            self.results.lock().unwrap().insert(hold.name.clone(), record);
+            return Ok(());
+        }
+        self.inner.store_result(&hold.inner, token, value, retention).await
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        if self.flaw == Flaw::StoreSkipsHoldCheck {
+            return Ok(self.results.lock().unwrap().get(name).cloned());
+        }
+        self.inner.load_result(name).await
+    }
 }
 
 struct BrokenFixture {
     sound: MemoryFixture,
     flaw: Flaw,
+    results: Arc<Mutex<HashMap<LockName, StoredResult>>>,
 }
 
 impl BrokenFixture {
     fn client_of(&self, inner: MemoryBackend) -> Arc<dyn Locker> {
-        let backend = Broken { inner, store: self.sound.store().clone(), flaw: self.flaw };
+        let (store, flaw, results) = (self.sound.store().clone(), self.flaw, self.results.clone());
+        let backend = Broken { inner, store, flaw, results };
         Arc::new(Client::with_config(backend, ClientConfig { op_timeout: Duration::from_secs(1) }))
     }
 }
@@ -187,7 +218,7 @@ async fn passes(fixture: Box<dyn FullFixture>, case: Case) -> bool {
 async fn assert_caught(flaw: Flaw, case_name: &str) {
     let case = case(case_name);
     assert!(passes(Box::new(MemoryFixture::new()), case).await, "the sound backend must pass {case_name}");
-    let broken = BrokenFixture { sound: MemoryFixture::new(), flaw };
+    let broken = BrokenFixture { sound: MemoryFixture::new(), flaw, results: Arc::default() };
     assert!(!passes(Box::new(broken), case).await, "{case_name} did not catch a backend with {flaw:?}");
 }
 
@@ -214,6 +245,11 @@ async fn catches_tokens_that_do_not_increase() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catches_missing_mutual_exclusion() {
     assert_caught(Flaw::NoExclusion, "mutual_exclusion").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_a_result_stored_without_the_hold() {
+    assert_caught(Flaw::StoreSkipsHoldCheck, "idempotent_late_result_is_refused").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,8 @@ use crate::error::LockError;
 use crate::info::{Capabilities, LockInfo};
 use crate::name::{LockName, OwnerId};
 use crate::options::LeaseMode;
+use crate::stored::StoredResult;
+use crate::token::FencingToken;
 
 pub use crate::client::{Client, ClientConfig};
 pub use crate::outcome::{Attempt, Release, Renewal};
@@ -159,6 +161,31 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Reports the lock's holder and queue.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError>;
+
+    /// Stores `value` as the result of the run that holds `hold` (granted with `token`),
+    /// kept for `retention`, in one atomic step with the check that `hold` is still the
+    /// lock's live hold and that no result of a higher token is stored. `NotHeld` when
+    /// either check fails; then nothing is written.
+    ///
+    /// The client has checked the value's size and the retention. A backend with the
+    /// `results` capability implements it with [`load_result`](Backend::load_result);
+    /// the default is `Unsupported`.
+    async fn store_result(
+        &self,
+        hold: &Self::Hold,
+        token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        let _ = (hold, token, value, retention);
+        Err(LockError::Unsupported("storing results".into()))
+    }
+
+    /// The result stored under `name` and not yet past its retention, if any.
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        let _ = name;
+        Err(LockError::Unsupported("storing results".into()))
+    }
 
     /// The clock-drift allowance subtracted from a hold's validity: a lease of `ttl`
     /// granted (or renewed) by a request sent at `t` counts as valid until

@@ -25,6 +25,7 @@ use crate::outcome::{Attempt, Release, Renewal};
 use crate::renewal::Scheduler;
 use crate::state::{HoldOps, LeaseCore, LeaseSpec, LostSignal};
 use crate::stats::{ClientStats, InFlight, Outcome, Stats};
+use crate::stored::StoredResult;
 use crate::token::FencingToken;
 
 /// Settings every client shares, whatever its backend.
@@ -455,6 +456,12 @@ impl<B: Backend> HoldOps for BoundHold<B> {
         let span = tracing::info_span!("dlock.release", backend = self.inner.backend.name(), lock = %self.name, token = %self.token);
         self.inner.timed("release", self.inner.backend.release(&self.hold)).instrument(span).await
     }
+
+    async fn store_result(&self, value: &[u8], retention: Duration) -> Result<(), LockError> {
+        let span = tracing::info_span!("dlock.store_result", backend = self.inner.backend.name(), lock = %self.name, token = %self.token, bytes = value.len());
+        let store = self.inner.backend.store_result(&self.hold, self.token, value, retention);
+        self.inner.timed("store_result", store).instrument(span).await
+    }
 }
 
 #[async_trait]
@@ -469,6 +476,10 @@ impl<B: Backend> Locker for Client<B> {
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
         self.inner.timed("inspect", self.inner.backend.inspect(name)).await
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        self.inner.timed("load_result", self.inner.backend.load_result(name)).await
     }
 
     fn capabilities(&self) -> Capabilities {

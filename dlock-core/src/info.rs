@@ -25,6 +25,9 @@ pub struct Capabilities {
     pub extend: bool,
     /// [`Locker::inspect`] reports how many waiters are queued.
     pub queue_length: bool,
+    /// Results can be stored under a lock's name ([`Lease::store_result`],
+    /// [`Locker::load_result`]), which [`idempotent`](crate::idempotent()) execution needs.
+    pub results: bool,
 }
 
 impl Capabilities {
@@ -37,6 +40,7 @@ impl Capabilities {
         fixed: true,
         extend: true,
         queue_length: true,
+        results: true,
     };
 }
 

@@ -14,6 +14,7 @@ use crate::outcome::{Release, Renewal};
 use crate::renewal::Scheduler;
 use crate::state::LeaseCore;
 use crate::stats::InFlight;
+use crate::stored::check_result;
 use crate::token::FencingToken;
 
 /// A held lock. Release it with [`Lease::release`]; dropping it stops its renewal at
@@ -94,6 +95,21 @@ impl Lease {
                 Err(LockError::NotHeld)
             }
         }
+    }
+
+    /// Stores `value` as this run's result under the lock's name, kept for `retention`
+    /// ([`Locker::load_result`](crate::Locker::load_result) reads it). The backend checks,
+    /// in the same atomic step, that this lease's hold is still the live one and that no
+    /// result of a later holder is stored: a holder whose lease ran out while it was
+    /// paused gets `NotHeld`, and the newer result stays. That check is the backend's,
+    /// not this client's, so it holds however late the call arrives.
+    ///
+    /// `InvalidInput` for a value over [`MAX_RESULT_BYTES`](crate::MAX_RESULT_BYTES) or a
+    /// retention outside 1 ms..=365 days; `Unsupported` on a backend without the
+    /// `results` capability. [`idempotent`](crate::idempotent()) is built on it.
+    pub async fn store_result(&self, value: &[u8], retention: Duration) -> Result<(), LockError> {
+        check_result(value, retention)?;
+        self.handle.core.hold.store_result(value, retention).await
     }
 
     /// Releases the hold, checking on the backend that it is still ours.

@@ -10,6 +10,7 @@ use crate::lease::{Lease, LeaseHandle};
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::stats::ClientStats;
+use crate::stored::StoredResult;
 
 /// A client of one lock backend. Object-safe: `Arc<dyn Locker>` is what
 /// `dlock::connect` hands out.
@@ -55,6 +56,30 @@ pub trait Locker: Send + Sync {
 
     /// Reports the holder of `name` and its queue, without changing anything.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError>;
+
+    /// The result a run stored under `name` with [`Lease::store_result`], while its
+    /// retention lasts. `Unsupported` on a backend without the `results` capability.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_core::{memory::MemoryStore, LockName, LockOptions, Locker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = MemoryStore::new().client();
+    /// let name = LockName::new("orders/42/ship")?;
+    /// assert!(locker.load_result(&name).await?.is_none());
+    ///
+    /// let lease = locker.acquire(&name, &LockOptions::new()).await?;
+    /// lease.store_result(b"tracking 1Z999", Duration::from_secs(3600)).await?;
+    /// let token = lease.token();
+    /// lease.release().await?;
+    ///
+    /// let stored = locker.load_result(&name).await?.expect("stored");
+    /// assert_eq!((stored.token, stored.value.as_slice()), (token, &b"tracking 1Z999"[..]));
+    /// # Ok(()) }
+    /// ```
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError>;
 
     /// What this backend can do.
     fn capabilities(&self) -> Capabilities;

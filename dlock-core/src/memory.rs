@@ -38,6 +38,7 @@ use crate::baseline::RawBaseline;
 use crate::error::{LockError, LostReason};
 use crate::info::{Capabilities, Holder, LockInfo};
 use crate::name::{LockName, OwnerId};
+use crate::stored::StoredResult;
 use crate::token::FencingToken;
 pub use crate::wire::Fault;
 use crate::wire::{Switch, Wire};
@@ -70,6 +71,14 @@ struct Slot {
     /// The last token granted; it survives release so tokens never restart.
     fence: u64,
     queue: VecDeque<Waiter>,
+    /// The result a run stored, apart from the hold: releases and evictions keep it.
+    result: Option<Kept>,
+}
+
+struct Kept {
+    token: u64,
+    value: Vec<u8>,
+    expires_at: Instant,
 }
 
 struct Hold {
@@ -326,6 +335,27 @@ impl Shared {
         }
     }
 
+    fn store_result(&self, hold: &MemoryHold, value: Vec<u8>, retention: Duration) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut locks = self.lock_state();
+        let Some(slot) = locks.get_mut(&hold.name) else { return Err(LockError::NotHeld) };
+        slot.tidy(now);
+        let ours = slot.holder.as_ref().is_some_and(|h| h.owner == hold.owner && h.token == hold.token);
+        let newer_kept = slot.result.as_ref().is_some_and(|kept| kept.expires_at > now && kept.token >= hold.token);
+        if !ours || newer_kept {
+            return Err(LockError::NotHeld);
+        }
+        slot.result = Some(Kept { token: hold.token, value, expires_at: now + retention });
+        Ok(())
+    }
+
+    fn load_result(&self, name: &LockName) -> Option<StoredResult> {
+        let now = Instant::now();
+        let locks = self.lock_state();
+        let kept = locks.get(name)?.result.as_ref().filter(|kept| kept.expires_at > now)?;
+        Some(StoredResult { token: FencingToken::new(kept.token), value: kept.value.clone() })
+    }
+
     fn inspect(&self, name: &LockName) -> LockInfo {
         let now = Instant::now();
         let mut locks = self.lock_state();
@@ -434,6 +464,21 @@ impl Backend for MemoryBackend {
         self.call(move |shared| shared.inspect(&name)).await
     }
 
+    async fn store_result(
+        &self,
+        hold: &MemoryHold,
+        _token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        let (hold, value) = (hold.clone(), value.to_vec());
+        self.call(move |shared| shared.store_result(&hold, value, retention)).await?
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        let name = name.clone();
+        self.call(move |shared| shared.load_result(&name)).await
+    }
 }
 
 fn drop_ticket(slot: &mut Slot, ticket: &mut Option<MemoryTicket>) {

@@ -33,6 +33,9 @@ pub(crate) trait HoldOps: Send + Sync + Any {
         deadline: Instant,
     ) -> Vec<Result<Renewal, LockError>>;
     async fn release(&self) -> Result<Release, LockError>;
+    /// Stores the run's result, checked against the hold on the backend, bounded by the
+    /// operation timeout.
+    async fn store_result(&self, value: &[u8], retention: Duration) -> Result<(), LockError>;
     /// Until when a grant or renewal sent at `sent` for `ttl` keeps the hold, on the
     /// client's clock (conservative), and the ttl the backend really applies.
     fn validity(&self, sent: Instant, ttl: Duration) -> (Instant, Duration);

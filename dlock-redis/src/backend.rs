@@ -29,6 +29,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     fixed: true,
     extend: true,
     queue_length: false,
+    results: false,
 };
 
 /// The Redis backend of one client: a command connection, the key layout, and the

@@ -486,6 +486,7 @@ impl Backend for AdvisoryBackend {
             // hold it meant to lengthen. Watchdog renewals keep the ttl they started with.
             extend: false,
             queue_length: false,
+            results: false,
         }
     }
 

@@ -331,6 +331,7 @@ impl Backend for SqlBackend {
             fixed: true,
             extend: true,
             queue_length: false,
+            results: false,
         }
     }
 

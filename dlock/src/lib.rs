@@ -42,10 +42,11 @@ mod drivers;
 
 pub use dlock_core::memory;
 pub use dlock_core::{
-    drift, parse_duration, redact, with_lock, Backoff, BoxError, Capabilities, Client, ClientConfig, ClientStats,
-    ConnectConfig, ConnectOptions, FencingToken, Holder, Lease, LeaseHandle, LeaseMode, LockError, LockInfo, LockName,
-    LockOptions, Locker, LockerExt, LostReason, OwnerId, DEFAULT_TTL, MAX_DURATION, MAX_NAME_LEN, MAX_OWNER_LEN,
-    MIN_TTL,
+    drift, idempotent, parse_duration, redact, with_lock, Backoff, BoxError, Capabilities, Client, ClientConfig,
+    ClientStats, ConnectConfig, ConnectOptions, FencingToken, Holder, IdempotentError, IdempotentOptions, Lease,
+    LeaseHandle, LeaseMode, LockError, LockInfo, LockName, LockOptions, Locker, LockerExt, LostReason, MultiLease,
+    MultiLock, OwnerId, RunOutcome, StoredResult, DEFAULT_TTL, MAX_DURATION, MAX_NAME_LEN, MAX_OWNER_LEN,
+    MAX_RESULT_BYTES, MIN_TTL,
 };
 pub use drivers::{connect, driver, Driver, DRIVERS};
 /// The raw baselines `dlock bench` measures the library against (the `bench` feature).

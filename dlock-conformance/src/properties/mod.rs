@@ -10,6 +10,7 @@ mod contention;
 mod expiry;
 mod faults;
 mod lifecycle;
+mod recipes;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -25,6 +26,7 @@ pub use contention::*;
 pub use expiry::*;
 pub use faults::*;
 pub use lifecycle::*;
+pub use recipes::*;
 
 /// How to run one property: a function of the fixture trait it needs.
 #[derive(Clone, Copy)]
@@ -132,6 +134,15 @@ macro_rules! for_each_case {
             renewal_that_hangs_is_retried_within_validity: Faults,
             holder_learns_first_under_one_way_partitions: Faults,
             release_after_lost_is_not_held: Faults,
+            idempotent_runs_once_and_replays_the_result: Clients,
+            idempotent_duplicate_gets_fallback_while_running: Clients,
+            idempotent_failure_frees_the_key: Clients,
+            idempotent_duplicates_race_the_end_of_a_run: Clients,
+            idempotent_dead_runner_frees_the_key_within_ttl: Faults,
+            idempotent_late_result_is_refused: Evict,
+            multilock_overlapping_sets_do_not_deadlock: Clients,
+            multilock_failure_leaves_no_partial_holds: Faults,
+            multilease_combines_its_parts: Evict,
         }
     };
 }
