@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
-use dlock_core::{Capabilities, FencingToken, LockError, LockInfo, LockName};
+use dlock_core::{Capabilities, FencingToken, LockError, LockInfo, LockName, StoredResult};
 use redis::Value;
 
 use crate::config::ReplicaAck;
@@ -15,12 +15,13 @@ use crate::error::to_lock_error;
 use crate::hold::{holder, RedisHold};
 use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::{Registration, Subscriptions};
+use crate::results;
 use crate::scripts::{
     parse_given_back, scripts, ttl_millis, wait_replicas, AcquireReply, HoldView, Invocation, ReleaseReply, RenewReply,
 };
 
 /// What this backend can do: everything but FIFO grants and queue lengths (waiters are
-/// not queued in Redis; each retries when woken).
+/// not queued in Redis; each retries when woken). RedLock can do the same.
 pub const CAPABILITIES: Capabilities = Capabilities {
     reentrant: true,
     fifo: false,
@@ -29,7 +30,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     fixed: true,
     extend: true,
     queue_length: false,
-    results: false,
+    results: true,
 };
 
 /// The Redis backend of one client: a command connection, the key layout, and the
@@ -282,6 +283,33 @@ impl Backend for RedisBackend {
                 tracing::debug!(%err, lock = %keys.hold, "giving back an attempt whose reply was lost failed; its ttl frees it")
             }
         }
+    }
+
+    async fn store_result(
+        &self,
+        hold: &RedisHold,
+        token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        let Some(acked) = &self.replica_ack else {
+            return results::store(&mut self.conn.clone(), hold, token, value, retention).await;
+        };
+        // Acknowledged as a grant is: a result only the master has could be lost in a
+        // failover, and a later run would then do the work again. The record stays (it
+        // was stored under a live hold), so the caller learns its store is in doubt.
+        let (ack, mut conn) = (acked.ack, acked.conn());
+        results::store(&mut conn, hold, token, value, retention).await?;
+        let acked = wait_replicas(&mut conn, &hold.keys.result(), ack).await.map_err(to_lock_error)?;
+        if acked < ack.replicas {
+            self.suspect_failover();
+            return Err(not_acknowledged(acked, ack));
+        }
+        Ok(())
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        results::load(&mut self.conn.clone(), &self.layout.lock(name)).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {

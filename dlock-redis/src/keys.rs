@@ -8,11 +8,12 @@
 //! | the fence counter | `dlock:{orders%2F42}:fence` | string counter (INCR), no ttl |
 //! | a given-back request | `dlock:{orders%2F42}:void:<request id>` | string, with the request's ttl: refuses a late delivery of an acquire whose grant was given back |
 //! | the release channel | `dlock:{orders%2F42}:released` | pub/sub channel; the message is the released token |
+//! | the stored result | `dlock:{orders%2F42}:result` | hash: `token` → the storing hold's token, `value` → the result, `call` → the id of the store call; with the retention as ttl (PEXPIRE). Apart from the hold, so that a release or an eviction leaves it (see [`results`](crate::results)) |
 //!
-//! The part in braces is the Cluster hash tag, so the hold and the counter share one
-//! slot (a script may touch both). It is the name's [`LockName::encoded`] form, which
-//! is injective and never contains a brace: two names never share a key, and a name
-//! with `{` or `}` in it cannot move the tag.
+//! The part in braces is the Cluster hash tag, so the hold, the counter and the result
+//! share one slot (a script may touch several). It is the name's [`LockName::encoded`]
+//! form, which is injective and never contains a brace: two names never share a key, and
+//! a name with `{` or `}` in it cannot move the tag.
 
 use dlock_core::backend::RequestId;
 use dlock_core::{LockError, LockName, OwnerId};
@@ -97,6 +98,11 @@ impl LockKeys {
     pub fn void(&self, id: &RequestId) -> String {
         format!("{}:void:{id}", self.hold)
     }
+
+    /// The key of the result stored under the lock's name (in the lock's hash slot).
+    pub fn result(&self) -> String {
+        format!("{}:result", self.hold)
+    }
 }
 
 #[cfg(test)]
@@ -122,6 +128,7 @@ mod tests {
             };
             assert_eq!(tag(&keys.hold), LockName::new(name).unwrap().encoded());
             assert_eq!(tag(&keys.hold), tag(&keys.fence));
+            assert_eq!(tag(&keys.hold), tag(&keys.result()));
             assert_eq!(keys.hold.matches(['{', '}']).count(), 2, "{name}");
         }
     }

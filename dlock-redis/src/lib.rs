@@ -47,6 +47,8 @@
 //! dlock:{orders%2F42}:fence     string 17                                          (no ttl)
 //! dlock:{orders%2F42}:void:<request id>  a request given back                     (PEXPIRE ttl)
 //! dlock:{orders%2F42}:released  channel; a release publishes the released token
+//! dlock:{orders%2F42}:result    hash  token -> 17, value -> <bytes>, call -> <store call id>
+//!                                     (PEXPIRE retention; see below)
 //! ```
 //!
 //! Every operation is one `EVALSHA` of a Lua script (loaded when the client connects,
@@ -72,6 +74,20 @@
 //!   message), on one pub/sub connection shared by every waiter of the client.
 //!
 //! An uncontended acquire and release are two commands on one multiplexed connection.
+//!
+//! # Stored results
+//!
+//! [`Lease::store_result`](dlock_core::Lease::store_result) (what
+//! [`idempotent`](dlock_core::idempotent()) runs on) is one script too: it checks the hold
+//! as a release does (this token, this owner, this grant still there) and that the
+//! stored result, if any, has a lower token, then writes the `:result` hash and gives it
+//! the retention as its ttl; otherwise it writes nothing and the store is `NotHeld`. The
+//! result key is apart from the hold, so a release or an eviction leaves it, and it
+//! shares the lock's hash tag, so that one script can touch both on a Cluster. A store
+//! delivered twice (re-sent after a broken connection) finds its own record and succeeds
+//! once. [`Locker::load_result`](dlock_core::Locker::load_result) reads it with a
+//! script of its own; a record dlock did not write is a `Backend` error. See
+//! [`results`] for the scripts.
 //!
 //! # Fencing tokens
 //!
@@ -117,12 +133,15 @@
 //! before a replica has the write, the promoted replica does not know the hold: another
 //! client can acquire the same lock, with a fence counter that may have gone back. With
 //! [`RedisConfig::with_replica_ack`] (`?wait_replicas=N&wait_timeout=100ms` in the URL)
-//! each grant and each renewal is followed by `WAIT N timeout` on the connection that
-//! sent it, one of a few the client opens for them alone (`WAIT` blocks its connection,
-//! and busy answers, releases and inspects do not wait behind it): a grant fewer than
-//! N replicas acknowledged is given back and fails with [`LockError::QuorumNotReached`](dlock_core::LockError), and an
-//! unacknowledged renewal counts as failed (the watchdog retries it until the lease
-//! runs out). This narrows the window but does not close it: `WAIT` does not make Redis
+//! each grant, renewal and stored result is followed by `WAIT N timeout` on the
+//! connection that sent it, one of a few the client opens for them alone (`WAIT` blocks
+//! its connection, and busy answers, releases and inspects do not wait behind it): a
+//! grant fewer than N replicas acknowledged is given back and fails with
+//! [`LockError::QuorumNotReached`](dlock_core::LockError), an unacknowledged renewal
+//! counts as failed (the watchdog retries it until the lease runs out), and an
+//! unacknowledged result fails the store with `QuorumNotReached` but stays on the master
+//! (it was stored under a live hold; a failover may lose it, and then a later run does
+//! the work again). This narrows the window but does not close it: `WAIT` does not make Redis
 //! strongly consistent (a replica may acknowledge and still not be the one promoted,
 //! and expiries follow each server's clock). Where a lost lock is unacceptable, keep the
 //! fencing token check in the protected resource, or use RedLock, ZooKeeper or etcd.
@@ -140,9 +159,9 @@
 //!
 //! # Capabilities
 //!
-//! Re-entrant by owner, fixed and watchdog leases, `extend`, notification on release.
-//! Not FIFO (woken waiters race; use a fair backend when order matters) and no queue
-//! length in `inspect`.
+//! Re-entrant by owner, fixed and watchdog leases, `extend`, notification on release,
+//! stored results. Not FIFO (woken waiters race; use a fair backend when order matters)
+//! and no queue length in `inspect`.
 
 mod access;
 mod backend;
@@ -155,6 +174,7 @@ mod hold;
 pub mod keys;
 mod pubsub;
 pub mod redlock;
+pub mod results;
 pub mod scripts;
 
 use dlock_core::{Client, ClientConfig, LockError};

@@ -238,10 +238,10 @@ impl Scripts {
         [&self.acquire, &self.renew, &self.release, &self.give_back, &self.inspect, &self.grant]
     }
 
-    /// `SCRIPT LOAD`s every script (on every node of a Cluster), so that the first call
-    /// of each is a plain `EVALSHA`.
+    /// `SCRIPT LOAD`s every script, the [result scripts](crate::results) too (on every
+    /// node of a Cluster), so that the first call of each is a plain `EVALSHA`.
     pub async fn load_all<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<()> {
-        for script in self.all() {
+        for script in self.all().into_iter().chain(crate::results::scripts().all()) {
             script.load_async(conn).await?;
         }
         Ok(())

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_core::backend::lock_unpoisoned;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
-use dlock_core::{Capabilities, ConnectConfig, FencingToken, LockError, LockInfo, LockName};
+use dlock_core::{Capabilities, ConnectConfig, FencingToken, LockError, LockInfo, LockName, StoredResult};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -552,6 +552,22 @@ impl Backend for RedLockBackend {
             Err(got) => return Err(unreachable(&mut answers, got, self.quorum)),
         };
         Ok(LockInfo { holder: holder(view, &keys.hold)?, waiters: None })
+    }
+
+    async fn store_result(
+        &self,
+        hold: &RedLockHold,
+        token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        // As long as a release may take: a copy that lands late still lands under the
+        // hold the master checks, so it needs no validity left on the client's clock.
+        super::results::store(&self.nodes, self.settle_timeout(), self.quorum, hold, token, value, retention).await
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        super::results::load(&self.nodes, self.settle_timeout(), self.quorum, &self.layout.lock(name)).await
     }
 
     async fn give_back(&self, req: &Request, ticket: Option<RedLockTicket>) {

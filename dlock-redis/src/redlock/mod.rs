@@ -47,6 +47,9 @@
 //! Exactly as on a single server (see [`keys`](crate::keys)): the hold hash
 //! `dlock:{name}` (`owner:<owner id>` → count, `token` → token, with a `PEXPIRE`), the
 //! fence counter `dlock:{name}:fence` (no ttl) and the channel `dlock:{name}:released`.
+//! A stored result is a copy per master of the single server's `dlock:{name}:result`
+//! hash; a store needs a quorum of masters to write their copy, and a load returns only
+//! a record a quorum of masters hold the same copy of (see [`results`]).
 //!
 //! # Fencing tokens
 //!
@@ -117,7 +120,7 @@
 //! # Capabilities
 //!
 //! As the single server: re-entrant by owner, fixed and watchdog leases, `extend`,
-//! notification on release; not FIFO, no queue length.
+//! notification on release, stored results; not FIFO, no queue length.
 
 mod backend;
 #[cfg(feature = "bench")]
@@ -125,6 +128,7 @@ mod baseline;
 pub mod config;
 mod nodes;
 mod quorum;
+pub mod results;
 pub mod token;
 
 use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
