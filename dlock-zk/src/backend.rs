@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
 use dlock_core::{
-    Capabilities, FencingToken, Holder, LeaseMode, LockError, LockInfo, LockName, LostReason, DEFAULT_TTL,
+    Capabilities, FencingToken, Holder, LeaseMode, LockError, LockInfo, LockName, LostReason, StoredResult, DEFAULT_TTL,
 };
 use zookeeper_client as zk;
 
@@ -27,6 +27,7 @@ use crate::config::ZkConfig;
 use crate::error::{is_connection_loss, lock_error, retrying};
 use crate::node::{CountChange, Node};
 use crate::pool::SessionPool;
+use crate::results::{self, Outcome};
 use crate::session::Session;
 use crate::settings::Settings;
 use crate::znode::{self, Unwanted};
@@ -678,6 +679,56 @@ impl Backend for ZkBackend {
             }
             outcome => outcome,
         }
+    }
+
+    /// Checks the hold on the client first (a hold given up or past its ttl is not the
+    /// live one even while its node is still there), then on the server, in the
+    /// transaction that writes the record (see `results::store`).
+    async fn store_result(
+        &self,
+        hold: &ZkHold,
+        token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        let node = &hold.node;
+        if !node.is_live() || node.expires_at() <= Instant::now() {
+            return Err(LockError::NotHeld);
+        }
+        let path = self.settings.config.result_path(&node.name);
+        let record = results::encode(token, results::expiry_ms(retention), value);
+        match results::store(&self.settings, &hold.session, node, &path, token, &record).await? {
+            Outcome::Written => Ok(()),
+            Outcome::NotHeld => Err(LockError::NotHeld),
+            Outcome::Unknown => {
+                let session = self.any_session().await?;
+                match results::read(session.client(), &path).await {
+                    Ok(Some((data, _))) if data == record => Ok(()),
+                    Ok(_) => Err(LockError::NotHeld),
+                    Err(err) => Err(lock_error("read the result back", err)),
+                }
+            }
+        }
+    }
+
+    /// Reads through the leader (a `sync` in front of the read): a result stored through
+    /// another member is seen once its store has returned.
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        let path = self.settings.config.result_path(name);
+        let session = self.any_session().await?;
+        let read = match results::read(session.client(), &path).await {
+            // The session ended under the read: read again on a live one.
+            Err(_) if session.is_ended() => {
+                let session = self.any_session().await?;
+                results::read(session.client(), &path).await
+            }
+            outcome => outcome,
+        };
+        let Some((data, _)) = read.map_err(|err| lock_error("read the result", err))? else {
+            return Ok(None);
+        };
+        let record = results::decode(&data, &path)?;
+        Ok((!record.is_expired(results::now_ms())).then(|| record.to_stored()))
     }
 
     /// A watchdog lease's renewals are what confirm its session: each keeps the hold for

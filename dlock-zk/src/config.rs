@@ -190,7 +190,27 @@ impl ZkConfig {
     pub fn lock_path(&self, name: &LockName) -> String {
         format!("{}/{}", self.root(), name.encoded())
     }
+
+    /// The znode of the result stored under the lock `name`: a sibling of the lock's
+    /// znode, its path with `.result` appended. An encoded name never contains a `.`, so
+    /// this is never the znode of a lock, and two names never share it; being outside the
+    /// lock's znode, it is not part of the queue and stays when the lock's znode goes.
+    ///
+    /// ```
+    /// use dlock_core::LockName;
+    /// use dlock_zk::ZkConfig;
+    ///
+    /// let config = ZkConfig::new("127.0.0.1")?;
+    /// assert_eq!(config.result_path(&LockName::new("orders/42")?), "/dlock/orders%2F42.result");
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn result_path(&self, name: &LockName) -> String {
+        format!("{}{RESULT_SUFFIX}", self.lock_path(name))
+    }
 }
+
+/// What a result's znode appends to its lock's path: a `.`, which no encoded name has.
+const RESULT_SUFFIX: &str = ".result";
 
 fn parse_hosts(hosts: &str) -> Result<Vec<Host>, LockError> {
     Ok(BackendUrl::parse(&format!("{SCHEME}://{hosts}"), DEFAULT_PORT)?.hosts)
@@ -277,6 +297,21 @@ mod tests {
         for name in ["a/b", "..", "a b", "🔒"] {
             let path = c.lock_path(&LockName::new(name).unwrap());
             assert_eq!(path.matches('/').count(), 2, "{path}");
+        }
+    }
+
+    #[test]
+    fn result_paths_never_meet_lock_paths() {
+        let c = ZkConfig::new("h").unwrap();
+        let names = ["a", "a.result", "a%2Eresult", "a/b", ".result", "🔒"].map(|n| LockName::new(n).unwrap());
+        let mut paths: Vec<String> = names.iter().flat_map(|n| [c.lock_path(n), c.result_path(n)]).collect();
+        let all = paths.len();
+        paths.sort();
+        paths.dedup();
+        assert_eq!(paths.len(), all, "two znodes coincide: {paths:?}");
+        for name in &names {
+            assert!(!c.lock_path(name).contains('.'), "a lock path with a '.': {name:?}");
+            assert_eq!(c.result_path(name).matches('/').count(), 2);
         }
     }
 }

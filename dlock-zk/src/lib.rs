@@ -76,6 +76,35 @@
 //! all permissions and everyone else read access: other clients can inspect the locks but
 //! can neither queue nor delete a lock node (deleting needs permission on the lock's znode).
 //!
+//! # Stored results
+//!
+//! A run's result ([`Lease::store_result`](dlock_core::Lease::store_result), and
+//! [`idempotent`](dlock_core::idempotent()) built on it) lives in a persistent znode beside
+//! the lock's, `<root>/<encoded name>.result` ([`ZkConfig::result_path`]). Being outside the
+//! lock's znode, it is not part of the queue and stays when the lock is released, its
+//! holder evicted or its znode deleted; no encoded name has a `.`, so it is never a lock's
+//! znode. It has the ACL of the lock nodes. Its data is `dlr1`, the run's fencing token,
+//! the record's expiry in milliseconds since the Unix epoch (by the storing client's
+//! clock; 8 bytes each, big-endian), then the value.
+//!
+//! A store is one `multi` transaction: a check that the hold's own node still exists
+//! (its path carries the uuid of the attempt that created it and is never reused, so the
+//! node exists exactly as long as the grant), with the create of the result znode or a
+//! `setData` conditional on the version just read, after that read found no unexpired
+//! record of the same or a later token. A concurrent change fails the transaction and
+//! the store reads again; a hold that is gone fails it with nothing written (`NotHeld`).
+//! Reads (and the read before a store) have a `sync` in front, so a member lagging
+//! behind the leader cannot hide a stored result.
+//!
+//! ZooKeeper deletes a plain znode only when asked (TTL nodes are off by default, and
+//! their deletion can race a fresh write), so the expiry lives in the record: an expired
+//! record reads as absent, and the name's next store overwrites it. Readers do not delete
+//! expired records: a delete conditional on the version read could remove a record
+//! stored after the read, since a re-created znode starts again at version 0. The result
+//! znode of a name that is never stored again stays until an operator deletes it (one
+//! whose record has expired can go at any time). Readers judge expiry by their own
+//! clocks, so clock skew between clients moves it by as much.
+//!
 //! # What survives a restart, and failover
 //!
 //! Sessions, nodes and zxids are persisted: a server restarted on its data keeps the holds
@@ -113,6 +142,7 @@ mod config;
 mod error;
 mod node;
 mod pool;
+mod results;
 mod session;
 mod settings;
 mod znode;

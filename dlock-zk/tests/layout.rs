@@ -138,9 +138,10 @@ async fn sessions_are_pooled_by_ttl_and_closed_when_idle() {
     }
 }
 
-/// With digest credentials, lock nodes can be read by anyone but changed and deleted only
-/// by the same identity: an unauthenticated operator cannot delete a hold or queue a
-/// node, and a client with other credentials sees the holder but cannot take the lock.
+/// With digest credentials, lock and result nodes can be read by anyone but changed and
+/// deleted only by the same identity: an unauthenticated operator cannot delete a hold,
+/// queue a node or forge a result, and a client with other credentials sees the holder
+/// and the result but cannot take the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn digest_acls_protect_lock_nodes() {
     dlock_conformance::init_tracing();
@@ -177,6 +178,18 @@ async fn digest_acls_protect_lock_nodes() {
         )
         .await;
     assert_eq!(queued.err(), Some(zk::Error::NoAuth), "an unauthenticated client queued a node");
+
+    lease.store_result(b"paid", Duration::from_secs(60)).await.expect("store a result");
+    let result_path = format!("{lock_path}.result");
+    let (acl, _) = admin.get_acl(&result_path).await.expect("anyone reads the result's ACL");
+    assert!(acl
+        .iter()
+        .any(|a| a.scheme() == "digest" && a.id().starts_with("alice:") && a.permission() == zk::Permission::ALL));
+    assert!(acl.iter().any(|a| a.scheme() == "world" && a.permission() == zk::Permission::READ));
+    assert_eq!(admin.set_data(&result_path, b"forged", None).await.err(), Some(zk::Error::NoAuth));
+    assert_eq!(admin.delete(&result_path, None).await, Err(zk::Error::NoAuth));
+    let stored = mallory.load_result(&name).await.expect("other identities may load results");
+    assert_eq!(stored.map(|s| s.value), Some(b"paid".to_vec()));
 
     let info = mallory.inspect(&name).await.expect("other identities may inspect");
     assert_eq!(info.holder.map(|h| h.token), Some(lease.token()));
