@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
-use dlock_core::{Capabilities, LockError, LockInfo, LockName};
+use dlock_core::{Capabilities, FencingToken, LockError, LockInfo, LockName, StoredResult};
 use etcd_client::Client;
 
 use crate::cluster::Cluster;
@@ -93,6 +93,20 @@ impl Backend for EtcdBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
         self.shared.inspect(name).await
+    }
+
+    async fn store_result(
+        &self,
+        hold: &EtcdHold,
+        token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        self.shared.store_result(hold, token, value, retention).await
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        self.shared.load_result(name).await
     }
 
     fn watch_hold(&self, hold: &EtcdHold, signal: LostSignal) {

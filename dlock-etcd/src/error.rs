@@ -15,6 +15,13 @@ pub enum EtcdError {
         /// The key.
         key: String,
     },
+    /// A lock's result key does not hold `"<token>\n<result>"`: something other than
+    /// dlock wrote it.
+    #[error("the result key {key:?} holds a value dlock did not write")]
+    MalformedResult {
+        /// The key.
+        key: String,
+    },
     /// The server answered with something the protocol rules out.
     #[error("unexpected reply from etcd: {0}")]
     Protocol(&'static str),

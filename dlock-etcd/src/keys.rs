@@ -3,12 +3,16 @@
 //! A lock named `n` is the key range `<prefix>/<encoded n>/`; every hold or queued
 //! request is one key in it, `<prefix>/<encoded n>/<lease id>-<seq>`, attached to the
 //! client's lease. The name is percent-encoded ([`LockName::encoded`]) so it never
-//! contains `/`: the range of one name never includes keys of another.
+//! contains `/` or `!`: the range of one name never includes keys of another.
+//!
+//! Beside the range, outside every lock's range, live the result of the lock's last run,
+//! `<prefix>/<encoded n>!result` ([`result_key`]), and the markers of requests given back,
+//! `<prefix>/<encoded n>!<lease id>-<seq>`.
 
 use std::fmt::Write;
 use std::time::Duration;
 
-use dlock_core::{FencingToken, LockName, OwnerId};
+use dlock_core::{FencingToken, LockName, OwnerId, StoredResult};
 use etcd_client::{KeyValue, TxnOpResponse, TxnResponse};
 
 use crate::error::EtcdError;
@@ -45,6 +49,55 @@ pub(crate) fn given_back_key(dir: &[u8], key: &[u8]) -> Vec<u8> {
     marker.push(b'!');
     marker.extend_from_slice(key.strip_prefix(dir).unwrap_or(key));
     marker
+}
+
+/// The key that keeps the result stored under a lock's name:
+/// `<prefix>/<encoded name>!result`.
+///
+/// It lies beside the lock's range, not in it, so that it is never taken for a holder or
+/// a waiter, and releasing or evicting the lock leaves it alone. It is attached to an
+/// etcd lease of its own, granted for the retention, which deletes it when the retention
+/// ends; its value is `"<token>\n"` (the token in decimal) followed by the result's bytes.
+///
+/// ```
+/// use dlock_core::LockName;
+///
+/// let key = dlock_etcd::result_key("dlock", &LockName::new("orders/42")?);
+/// assert_eq!(key, b"dlock/orders%2F42!result");
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+pub fn result_key(prefix: &str, name: &LockName) -> Vec<u8> {
+    result_key_in(&lock_dir(prefix, name))
+}
+
+/// The result key of the lock whose range is `dir` (see [`result_key`]): the encoded
+/// name holds no `!`, so the suffix cannot be confused with a part of another name, and
+/// `result` is not the `<hex>-<hex>` of a given-back marker.
+pub(crate) fn result_key_in(dir: &[u8]) -> Vec<u8> {
+    let mut key = dir.strip_suffix(b"/").unwrap_or(dir).to_vec();
+    key.extend_from_slice(b"!result");
+    key
+}
+
+/// The value of a result key: the token in decimal, a newline, then the result.
+pub(crate) fn encode_result(token: FencingToken, value: &[u8]) -> Vec<u8> {
+    let mut record = format!("{}\n", token.get()).into_bytes();
+    record.reserve(value.len());
+    record.extend_from_slice(value);
+    record
+}
+
+/// Reads back a result key's value written by [`encode_result`].
+pub(crate) fn decode_result(key: &[u8], record: &[u8]) -> Result<StoredResult, EtcdError> {
+    let malformed = || EtcdError::MalformedResult { key: String::from_utf8_lossy(key).into_owned() };
+    let end = record.iter().position(|&b| b == b'\n').ok_or_else(malformed)?;
+    let head = &record[..end];
+    // `u64::from_str` also takes a leading `+`, which dlock never writes.
+    if head.is_empty() || !head.iter().all(u8::is_ascii_digit) {
+        return Err(malformed());
+    }
+    let token: u64 = std::str::from_utf8(head).ok().and_then(|t| t.parse().ok()).ok_or_else(malformed)?;
+    Ok(StoredResult { token: FencingToken::new(token), value: record[end + 1..].to_vec() })
 }
 
 /// What a lock key holds: the owner, and the requests that hold the lock through it (one
@@ -139,6 +192,39 @@ mod tests {
         assert_eq!(marker, b"p/a!1f-2");
         assert!(!marker.starts_with(&dir));
         assert!(!marker.starts_with(&lock_dir("p", &LockName::new("a!1f-2").unwrap())));
+    }
+
+    #[test]
+    fn results_round_trip() {
+        let record = encode_result(FencingToken::new(42), b"\"shipped\"\n");
+        assert_eq!(record, b"42\n\"shipped\"\n");
+        let back = decode_result(b"k", &record).unwrap();
+        assert_eq!(back, StoredResult { token: FencingToken::new(42), value: b"\"shipped\"\n".to_vec() });
+        let empty = decode_result(b"k", &encode_result(FencingToken::new(u64::MAX), b"")).unwrap();
+        assert_eq!((empty.token.get(), empty.value.len()), (u64::MAX, 0));
+        for bad in [&b""[..], b"42", b"\nvalue", b"+4\nv", b"-4\nv", b"4 2\nv", b"18446744073709551616\nv", b"\xff\nv"]
+        {
+            assert!(decode_result(b"k", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn result_keys_stay_outside_every_range_and_apart() {
+        let names = ["a", "a/b", "a!result", "a/result", "result", "a-1", "%21", "\u{e9}t\u{e9}"];
+        let names: Vec<LockName> = names.iter().map(|n| LockName::new(*n).unwrap()).collect();
+        for name in &names {
+            let key = result_key("p", name);
+            for other in &names {
+                let dir = lock_dir("p", other);
+                assert!(!key.starts_with(&dir), "{name}'s result key is in {other}'s range");
+                if other != name {
+                    assert_ne!(key, result_key("p", other), "{name} and {other} share a result");
+                }
+                let marker = given_back_key(&dir, &request_key(&dir, 0x1f, 2));
+                assert_ne!(key, marker, "{name}'s result key is a marker of {other}");
+            }
+        }
+        assert_eq!(result_key_in(&lock_dir("p", &names[0])), b"p/a!result");
     }
 
     #[test]

@@ -30,6 +30,16 @@
 //!   re-entrant acquire returns the holder's token again. For data kept in etcd itself,
 //!   [`EtcdBackend::guarded_txn`] builds a transaction that applies only while the
 //!   holder key with that create revision exists (etcd's `IsOwner`).
+//! - **Results.** The result a run stores under a lock's name (for
+//!   [`idempotent`](dlock_core::idempotent()) execution) is one key beside the lock's
+//!   range, `<prefix>/<encoded n>!result` ([`result_key`]), so the queue never counts it
+//!   and a release or eviction leaves it alone. Its value is `"<token>\n<result>"`, and it
+//!   sits on an etcd lease of its own, granted for the retention rounded up to whole
+//!   seconds, which deletes it when the retention ends. A store is one transaction that
+//!   puts it only while the hold's key exists with its create revision, on the lease this
+//!   client keeps it on, still naming the hold, and while the result key is as last read
+//!   (absent, or holding a lower token); a result of an equal or higher token is never
+//!   replaced (`NotHeld`). It costs a lease grant and one transaction.
 //! - **Round trips.** An uncontended acquire is one transaction (put-if-the-range-is-empty)
 //!   with a keepalive of the lease sent alongside (its validity counts from the attempt,
 //!   so the lease must be renewed after the attempt began; concurrent acquires share the
@@ -66,7 +76,10 @@
 //! - Re-entrancy is by owner within one client: the same owner through another client
 //!   (another lease) queues like anyone else.
 //! - A lock's range must hold only dlock's keys; `inspect` reports an error for a value
-//!   dlock did not write.
+//!   dlock did not write, as `load_result` does for a result key.
+//! - A result may be kept longer than its retention, never shorter: etcd raises a lease
+//!   below its minimum ttl to that minimum, and restarts every lease's countdown when a
+//!   leader takes over.
 //!
 //! # Example
 //!
@@ -99,6 +112,7 @@ mod fence;
 mod keys;
 mod lock;
 mod registry;
+mod results;
 mod session;
 
 use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
@@ -109,7 +123,7 @@ pub use baseline::{raw_baseline, EtcdBaseline};
 pub use config::EtcdConfig;
 pub use error::EtcdError;
 pub use fence::guard;
-pub use keys::lock_dir;
+pub use keys::{lock_dir, result_key};
 pub use lock::EtcdTicket;
 pub use registry::EtcdHold;
 

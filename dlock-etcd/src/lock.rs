@@ -33,7 +33,7 @@ use crate::session::{Check, Found, Session, SessionEvents, Sessions};
 /// Attempts to retry when the lease turned out gone under a request.
 const LEASE_RETRIES: usize = 3;
 /// Compare-and-swap rounds on a re-entrant key's value before giving up.
-const CAS_ROUNDS: usize = 16;
+pub(crate) const CAS_ROUNDS: usize = 16;
 /// How soon a waiter tries again to watch, or to keep its lease alive, after a failure.
 const REWATCH: Duration = Duration::from_millis(200);
 /// The first pause of a background clean-up.
@@ -145,7 +145,7 @@ impl Shared {
     }
 
     /// A transaction that only reads, or whose guard makes a repeat harmless.
-    async fn read(&self, what: &str, txn: Txn) -> Result<TxnResponse, LockError> {
+    pub(crate) async fn read(&self, what: &str, txn: Txn) -> Result<TxnResponse, LockError> {
         self.cluster.read(what, self.op_timeout, txn).await
     }
 
@@ -649,7 +649,7 @@ impl Shared {
 
     /// Takes what the server shows of our key as the truth: its holds, and its lease when
     /// that is one the key may have moved to.
-    fn adopt(&self, key: &KeyState, kv: &KeyValue) -> Result<(), LockError> {
+    pub(crate) fn adopt(&self, key: &KeyState, kv: &KeyValue) -> Result<(), LockError> {
         let value = HoldValue::decode(kv.key(), kv.value())?;
         if value.owner != key.owner {
             return Err(EtcdError::MalformedValue { key: String::from_utf8_lossy(kv.key()).into_owned() }.into());
