@@ -56,11 +56,26 @@ pub(crate) enum Scenario {
     Fairness,
     /// Thousands of leases renewed at once.
     Renewal,
+    /// 8 tasks sharing one client, each holding for 1 ms: hand-offs per second and p99
+    /// wait, in any order and (where the backend is FIFO) fair.
+    Shared,
+    /// Idempotent execution: a first run (look, lock, store, release) and a replay.
+    Idempotent,
+    /// A multi-lock of 3 names, uncontended acquire+release.
+    Multi,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 5] =
-        [Scenario::Uncontended, Scenario::Throughput, Scenario::Handoff, Scenario::Fairness, Scenario::Renewal];
+    const ALL: [Scenario; 8] = [
+        Scenario::Uncontended,
+        Scenario::Throughput,
+        Scenario::Handoff,
+        Scenario::Fairness,
+        Scenario::Renewal,
+        Scenario::Shared,
+        Scenario::Idempotent,
+        Scenario::Multi,
+    ];
 }
 
 pub(crate) async fn bench(urls: Vec<String>, args: BenchArgs) -> Result<ExitCode, Failure> {

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock::{LockError, LockName, LockOptions, Locker, RawBaseline};
+use dlock::{
+    idempotent, IdempotentOptions, LockError, LockName, LockOptions, Locker, MultiLock, RawBaseline, RunOutcome,
+};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -53,6 +55,9 @@ impl Bench<'_> {
             Scenario::Handoff => self.handoff().await?,
             Scenario::Fairness => self.fairness().await?,
             Scenario::Renewal => self.renewal().await?,
+            Scenario::Shared => self.shared().await?,
+            Scenario::Idempotent => self.idempotent().await?,
+            Scenario::Multi => self.multi().await?,
         })
     }
 
@@ -185,7 +190,17 @@ impl Bench<'_> {
         Ok(hist.value_at_percentile(50.0) as f64)
     }
 
+    /// Jain's index over 8 clients' grant counts, in any order and, on a FIFO backend,
+    /// with `fair(true)`.
     async fn fairness(&self) -> Result<Vec<Row>, Failure> {
+        let mut rows = vec![self.fairness_of(false).await?];
+        if self.locker.capabilities().fifo {
+            rows.push(self.fairness_of(true).await?);
+        }
+        Ok(rows)
+    }
+
+    async fn fairness_of(&self, fair: bool) -> Result<Row, Failure> {
         const WORKERS: usize = 8;
         let name = bench_name("fairness");
         let bar = progress(1, format!("{}: fairness, {WORKERS} clients", self.backend));
@@ -195,7 +210,7 @@ impl Bench<'_> {
             let client = dlock::connect(&self.url).await?;
             let name = name.clone();
             workers.push(tokio::spawn(async move {
-                let opts = LockOptions::new().wait(Duration::from_secs(60));
+                let opts = LockOptions::new().wait(Duration::from_secs(60)).fair(fair);
                 let mut count = 0u64;
                 while Instant::now() < deadline {
                     let lease = client.acquire(&name, &opts).await?;
@@ -214,10 +229,125 @@ impl Bench<'_> {
         let sum: f64 = counts.iter().map(|&c| c as f64).sum();
         let squares: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
         let jain = if squares == 0.0 { 0.0 } else { sum * sum / (WORKERS as f64 * squares) };
-        Ok(vec![Row {
-            note: format!("grants per client: {counts:?}"),
-            ..self.row("fairness", format!("{WORKERS} clients"), "Jain", jain)
-        }])
+        let point = format!("{WORKERS} clients{}", if fair { ", fair" } else { "" });
+        Ok(Row { note: format!("grants per client: {counts:?}"), ..self.row("fairness", point, "Jain", jain) })
+    }
+
+    /// 8 tasks of one client take turns holding one lock for 1 ms, as a new user would
+    /// write it: hand-offs per second and the p99 wait of an acquire.
+    async fn shared(&self) -> Result<Vec<Row>, Failure> {
+        const TASKS: usize = 8;
+        let mut rows = Vec::new();
+        let orders: &[bool] = if self.locker.capabilities().fifo { &[false, true] } else { &[false] };
+        for &fair in orders {
+            let name = bench_name("shared");
+            let bar = progress(1, format!("{}: {TASKS} tasks on one client", self.backend));
+            let started = Instant::now();
+            let deadline = started + self.args.duration;
+            let mut tasks = Vec::new();
+            for _ in 0..TASKS {
+                let (locker, name) = (self.locker.clone(), name.clone());
+                tasks.push(tokio::spawn(async move {
+                    let opts = LockOptions::new().wait(Duration::from_secs(60)).fair(fair);
+                    let mut waits = histogram();
+                    while Instant::now() < deadline {
+                        let asked = Instant::now();
+                        let lease = locker.acquire(&name, &opts).await?;
+                        waits.saturating_record(micros(asked.elapsed()));
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        lease.release().await?;
+                    }
+                    Ok::<_, LockError>(waits)
+                }));
+            }
+            let mut waits = histogram();
+            for task in tasks {
+                let task = task.await.map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))??;
+                waits.add(task).map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))?;
+            }
+            let elapsed = started.elapsed().as_secs_f64();
+            bar.finish_and_clear();
+            let point = format!("{TASKS} tasks, 1 ms hold{}", if fair { ", fair" } else { "" });
+            rows.push(self.row("shared", point.clone(), "handoffs/s", waits.len() as f64 / elapsed));
+            rows.push(self.row("shared", point, "p99 wait µs", waits.value_at_percentile(99.0) as f64));
+        }
+        Ok(rows)
+    }
+
+    /// A first run (look, try to lock, look again, store the result, release) and a
+    /// replay (one look), each beside one raw acquire+release.
+    async fn idempotent(&self) -> Result<Vec<Row>, Failure> {
+        if !self.locker.capabilities().results {
+            return Ok(vec![]);
+        }
+        let n = self.args.iterations.min(1000);
+        let opts = IdempotentOptions::new();
+        let bar = progress(n as u64, format!("{}: idempotent", self.backend));
+        let (mut first, mut replay) = (histogram(), histogram());
+        for i in 0..n {
+            let key = bench_name(&format!("idempotent/{i}"));
+            let started = Instant::now();
+            let ran = idempotent(&*self.locker, &key, &opts, |_| async { Ok::<_, LockError>(i) }, || 0).await;
+            first.saturating_record(micros(started.elapsed()));
+            let started = Instant::now();
+            let stored = idempotent(&*self.locker, &key, &opts, |_| async { Ok::<_, LockError>(i) }, || 0).await;
+            replay.saturating_record(micros(started.elapsed()));
+            match (ran, stored) {
+                (Ok(RunOutcome::Ran(_)), Ok(RunOutcome::Stored(_))) => {}
+                other => return Err(Failure::new(crate::exit::UNAVAILABLE, format!("idempotent: {other:?}"))),
+            }
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let floor = self.raw_pair_p50(&bench_name("idempotent-raw")).await?;
+        let note = "raw = one raw acquire+release (p50)".to_string();
+        Ok([("first run p50", &first, 50.0), ("first run p99", &first, 99.0), ("replay p50", &replay, 50.0)]
+            .into_iter()
+            .map(|(label, hist, q)| {
+                let l = hist.value_at_percentile(q) as f64;
+                Row {
+                    raw: Some(floor),
+                    ratio: Some(l / floor),
+                    note: note.clone(),
+                    ..self.row("idempotent", label, "µs", l)
+                }
+            })
+            .collect())
+    }
+
+    /// A multi-lock of 3 names, acquire+release, beside 3 raw acquire+release pairs.
+    async fn multi(&self) -> Result<Vec<Row>, Failure> {
+        const PARTS: usize = 3;
+        let n = self.args.iterations.min(1000);
+        let names: Vec<LockName> = (0..PARTS).map(|i| bench_name(&format!("multi/{i}"))).collect();
+        let multi = MultiLock::on(self.locker.clone(), names.clone())?;
+        let opts = LockOptions::new();
+        let bar = progress(n as u64, format!("{}: multi-lock of {PARTS}", self.backend));
+        let (mut lib, mut raw) = (histogram(), histogram());
+        for _ in 0..n {
+            let started = Instant::now();
+            multi.acquire(&opts).await?.release().await?;
+            lib.saturating_record(micros(started.elapsed()));
+            let started = Instant::now();
+            for name in &names {
+                self.raw.acquire_release(name).await?;
+            }
+            raw.saturating_record(micros(started.elapsed()));
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok([("p50", 50.0), ("p99", 99.0)]
+            .into_iter()
+            .map(|(label, q)| {
+                let (l, r) = (lib.value_at_percentile(q) as f64, raw.value_at_percentile(q) as f64);
+                Row {
+                    raw: Some(r),
+                    ratio: Some(l / r),
+                    note: format!("raw = {PARTS} raw acquire+release in a row"),
+                    ..self.row("multi", format!("{PARTS} names {label}"), "µs", l)
+                }
+            })
+            .collect())
     }
 
     /// Holds many leases through two ttls of watchdog renewals (none may be lost), then
