@@ -21,6 +21,15 @@
 //! extension is a statement on the holding session, and one whose reply is lost breaks the
 //! session and frees the lock).
 //!
+//! Stored results are rows of `<prefix>_advisory_results` (name, token, value,
+//! expires_us; apart from the lease table's `<prefix>_results`, since the two lockers count
+//! tokens apart), keyed by the same name as the advisory row. The store runs on the holding
+//! session as one statement that writes only while that session holds the lock, the
+//! advisory row's fence is the hold's token, and the stored result is of a lower token or
+//! expired: the session cannot lose the lock while its statement runs (the lock ends only
+//! with the session, which aborts the statement), so the check and the write are one
+//! atomic step. Loads run on the pool. Ending the session (or releasing) leaves the result.
+//!
 //! Limits: the idle timeout needs PostgreSQL 14 or later (`idle_session_timeout`, at most
 //! about 24.8 days of ttl); MySQL's `GET_LOCK` names are server-wide, so two databases on
 //! one server that use the same table prefix share their advisory locks (give them
@@ -37,15 +46,18 @@ use async_trait::async_trait;
 use dlock_core::backend::{lock_unpoisoned, Attempt, Backend, LostSignal, Release, Renewal, Request};
 use dlock_core::{
     Capabilities, Client, ClientConfig, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId,
+    StoredResult,
 };
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::watch;
 
 use crate::config::{Dialect, SqlConfig, Target};
-use crate::db::{Pool, Warm};
-use crate::error::{is_unavailable, lock_error};
+use crate::db::{Args, Pool, RollbackRetry, Warm};
+use crate::dialect::{advisory_store, ResultSql};
+use crate::error::{is_session_ended, is_unavailable, lock_error};
 use crate::link::{Conn, SqlLink};
 use crate::relay::{self, Relay};
+use crate::results::Sweeper;
 
 /// A lock client over advisory locks.
 pub type AdvisoryLocker = Client<AdvisoryBackend>;
@@ -77,6 +89,11 @@ struct Shared {
     idle: Mutex<Vec<Arc<Session>>>,
     /// Whether a spare session is being opened in the background.
     warming: std::sync::atomic::AtomicBool,
+    /// The statements of `<prefix>_advisory_results`.
+    results: ResultSql,
+    /// The store of a result on the holding session (see [`advisory_store`]).
+    store: Arc<str>,
+    sweeper: Sweeper,
 }
 
 /// A dedicated connection and the watch on its server side.
@@ -147,31 +164,41 @@ impl AdvisoryBackend {
         }
         let pool = Pool::connect(&config, &Warm::default()).await?;
         let table = format!("{}_advisory", config.common.prefix);
+        let results_table = format!("{}_advisory_results", config.common.prefix);
+        let results = ResultSql::new(config.dialect, &results_table);
         if config.create_table {
-            let create = create_sql(config.dialect, &table);
+            let creates = std::iter::once((create_sql(config.dialect, &table), &table))
+                .chain(results.create.iter().map(|ddl| (ddl.clone(), &results_table)));
             let timeout = config.common.connect_timeout;
             let work = async {
-                if let Err(err) = pool.run_plain(&create).await {
-                    // Another client may have created it at the same moment.
-                    if pool.run_plain(&format!("SELECT 1 FROM {table} WHERE 1 = 0")).await.is_err() {
-                        return Err(lock_error(err));
+                for (create, table) in creates {
+                    if let Err(err) = pool.run_plain(&create).await {
+                        // Another client may have created it at the same moment.
+                        if pool.run_plain(&format!("SELECT 1 FROM {table} WHERE 1 = 0")).await.is_err() {
+                            return Err(lock_error(err));
+                        }
                     }
                 }
                 Ok(())
             };
             tokio::time::timeout(timeout, work)
                 .await
-                .unwrap_or_else(|_| Err(LockError::unavailable("creating the advisory table timed out")))?;
+                .unwrap_or_else(|_| Err(LockError::unavailable("creating the advisory tables timed out")))?;
         }
+        let classid = classid(&table);
+        let store = Arc::from(advisory_store(config.dialect, &results_table, &table, classid));
         let backend = AdvisoryBackend {
             shared: Arc::new(Shared {
                 dialect: config.dialect,
-                classid: classid(&table),
+                classid,
                 table,
                 conn: Conn::new(config, pool, Warm::default()),
                 ids: Mutex::default(),
                 idle: Mutex::default(),
                 warming: std::sync::atomic::AtomicBool::new(false),
+                results,
+                store,
+                sweeper: Sweeper::default(),
             }),
         };
         // One spare session from the start, so the first acquire is one statement too.
@@ -204,7 +231,9 @@ impl AdvisoryBackend {
     }
 
     /// Ends the session holding `name`, as an operator would (`pg_terminate_backend`,
-    /// `KILL`): the server frees the lock and the holder's lost signal fires.
+    /// `KILL`): the server frees the lock and the holder's lost signal fires. Returns once
+    /// the server has let go of the lock (it ends the session after answering), or after
+    /// the operation timeout. A stored result stays.
     pub async fn evict(&self, name: &LockName) -> Result<(), LockError> {
         let (_, _, session) = self.lookup(name).await?;
         let Some(session) = session else { return Ok(()) };
@@ -213,7 +242,12 @@ impl AdvisoryBackend {
             _ => format!("KILL {session}"),
         };
         let pool = self.shared.conn.pool().await?;
-        pool.run_plain(&sql).await.map_err(lock_error)
+        pool.run_plain(&sql).await.map_err(lock_error)?;
+        let until = tokio::time::Instant::now() + self.shared.conn.config().common.op_timeout;
+        while self.lookup(name).await?.2 == Some(session) && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
     }
 
     /// The row of `name`: owner, fence, and the server session holding the lock (if any).
@@ -411,6 +445,38 @@ impl AdvisoryBackend {
         self.try_lock(&mut conn, id, req.owner.as_str()).await
     }
 
+    /// Runs the store statement on the holding session: whether it stored.
+    async fn store_on(
+        &self,
+        conn: &mut SessionConn,
+        value: &[u8],
+        retention_us: i64,
+        id: i32,
+        token: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = AssertSqlSafe(self.shared.store.clone());
+        match conn {
+            #[cfg(feature = "postgres")]
+            SessionConn::Postgres(c) => sqlx::query(sql)
+                .bind(value)
+                .bind(retention_us)
+                .bind(id)
+                .bind(token)
+                .fetch_optional(&mut *c)
+                .await
+                .map(|row| row.is_some()),
+            #[cfg(feature = "mysql")]
+            SessionConn::MySql(c) => sqlx::query(sql)
+                .bind(value)
+                .bind(retention_us)
+                .bind(id)
+                .bind(token)
+                .execute(&mut *c)
+                .await
+                .map(|done| done.rows_affected() > 0),
+        }
+    }
+
     async fn unlock(&self, conn: &mut SessionConn, id: i32) -> Result<bool, sqlx::Error> {
         match conn {
             #[cfg(feature = "postgres")]
@@ -486,7 +552,7 @@ impl Backend for AdvisoryBackend {
             // hold it meant to lengthen. Watchdog renewals keep the ttl they started with.
             extend: false,
             queue_length: false,
-            results: false,
+            results: true,
         }
     }
 
@@ -605,6 +671,52 @@ impl Backend for AdvisoryBackend {
             Err(err) if session_gone(&err) || hold.session.is_closed() => Ok(Release::NotHeld),
             Err(err) => Err(lock_error(err)),
         }
+    }
+
+    /// One statement on the holding session (see the module docs). `NotHeld` when the
+    /// session has ended or let go of the lock, when the lock was granted again since, or
+    /// when a result of this token or a later one is kept; a session that breaks while the
+    /// statement is on its way leaves its outcome unknown (`Unavailable`).
+    async fn store_result(
+        &self,
+        hold: &AdvisoryHold,
+        token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        let token = i64::try_from(token.get()).map_err(|_| LockError::NotHeld)?;
+        let retention_us = crate::results::retention_us(retention);
+        if hold.session.is_closed() {
+            return Err(LockError::NotHeld);
+        }
+        let mut conn = hold.session.conn.lock().await;
+        // Released: the session may hold this lock again by now, for another hold.
+        if *hold.released.borrow() || hold.session.is_closed() {
+            return Err(LockError::NotHeld);
+        }
+        let mut retry = RollbackRetry::default();
+        let stored = loop {
+            match self.store_on(&mut conn, value, retention_us, hold.id, token).await {
+                Err(err) if retry.again(&err).await => {}
+                outcome => break outcome,
+            }
+        };
+        drop(conn);
+        match stored {
+            Ok(true) => {
+                self.shared.sweeper.after_store(&self.shared.conn, &self.shared.results.sweep);
+                Ok(())
+            }
+            Ok(false) => Err(LockError::NotHeld),
+            // The server ended the session instead of running the statement to its commit.
+            Err(err) if is_session_ended(&err) => Err(LockError::NotHeld),
+            Err(err) => Err(lock_error(err)),
+        }
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        let answer = self.shared.conn.run(&self.shared.results.load, Args::name(name.as_str())).await?;
+        crate::results::record(&answer)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {

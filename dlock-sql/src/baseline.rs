@@ -18,7 +18,7 @@ pub struct SqlBaseline {
 /// Opens the pool (and the table) for the raw baseline.
 pub async fn raw_baseline(config: SqlConfig) -> Result<SqlBaseline, LockError> {
     let pool = Pool::connect(&config, &Warm::default()).await?;
-    let sql = LeaseSql::new(config.dialect, &config.table());
+    let sql = LeaseSql::new(config.dialect, &config.table(), &config.results_table());
     if config.create_table {
         crate::schema::ensure(&pool, &sql, config.common.connect_timeout).await?;
     }
@@ -28,14 +28,7 @@ pub async fn raw_baseline(config: SqlConfig) -> Result<SqlBaseline, LockError> {
 const OWNER: &str = "raw-baseline";
 
 fn args(name: &LockName) -> Args<'_> {
-    Args {
-        name: name.as_str(),
-        owner: OWNER,
-        fence: 0,
-        ttl_us: DEFAULT_TTL.as_micros() as i64,
-        grant: OWNER,
-        batch: "",
-    }
+    Args { owner: OWNER, ttl_us: DEFAULT_TTL.as_micros() as i64, grant: OWNER, ..Args::name(name.as_str()) }
 }
 
 #[async_trait]

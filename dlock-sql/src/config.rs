@@ -61,7 +61,8 @@ pub(crate) enum Target {
 /// URLs: `postgres://user:pass@host:5432/db`, `mysql://user:pass@host:3306/db` (MariaDB too,
 /// also as `mariadb://`), `sqlite://path/to/file.db` (relative), `sqlite:///abs/file.db`,
 /// `sqlite::memory:`. Query options: the common `connect_timeout`, `op_timeout` and `prefix`
-/// (the lock table is `<prefix>_leases`; letters, digits and `_` only; see
+/// (the lock table is `<prefix>_leases`, stored results are in `<prefix>_results`; letters,
+/// digits and `_` only; see
 /// [`ConnectConfig`]), and `pool_size` (connections per client, default 10),
 /// `create_table` (`true`/`false`, default `true`: create the tables if missing), `lock`
 /// (`lease` or `advisory`), `busy_timeout` (SQLite: how long a statement waits for the
@@ -76,6 +77,7 @@ pub(crate) enum Target {
 ///     .with_credentials("app", "secret");
 /// assert_eq!(config.dialect(), Dialect::Postgres);
 /// assert_eq!(config.table(), "shop_leases");
+/// assert_eq!(config.results_table(), "shop_results");
 /// assert_eq!(config.pool_size(), 4);
 /// assert_eq!(config.op_timeout(), Duration::from_secs(2));
 ///
@@ -251,6 +253,11 @@ impl SqlConfig {
     /// The lease table's name.
     pub fn table(&self) -> String {
         format!("{}_leases", self.common.prefix)
+    }
+
+    /// The name of the table beside the lease table that keeps stored results.
+    pub fn results_table(&self) -> String {
+        format!("{}_results", self.common.prefix)
     }
 
     /// See [`with_pool_size`](Self::with_pool_size).

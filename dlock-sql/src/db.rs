@@ -32,12 +32,14 @@ pub(crate) enum Pool {
     Sqlite(sqlx::SqlitePool),
 }
 
-/// A column value as the lease logic reads it.
+/// A column value as the lease logic reads it. A binary column comes back as `Text` when
+/// it holds UTF-8 (MySQL's `VARBINARY` names and owners), as `Bytes` otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Value {
     Null,
     Int(i64),
     Text(String),
+    Bytes(Vec<u8>),
 }
 
 impl Value {
@@ -54,6 +56,15 @@ impl Value {
             _ => None,
         }
     }
+
+    /// The bytes of a text or binary value.
+    pub(crate) fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Value::Text(s) => Some(s.as_bytes()),
+            Value::Bytes(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 /// The parameters of one call, by meaning.
@@ -65,11 +76,13 @@ pub(crate) struct Args<'a> {
     pub(crate) ttl_us: i64,
     pub(crate) grant: &'a str,
     pub(crate) batch: &'a str,
+    pub(crate) value: &'a [u8],
+    pub(crate) retention_us: i64,
 }
 
 impl<'a> Args<'a> {
     pub(crate) fn name(name: &'a str) -> Self {
-        Args { name, owner: "", fence: 0, ttl_us: 0, grant: "", batch: "" }
+        Args { name, owner: "", fence: 0, ttl_us: 0, grant: "", batch: "", value: &[], retention_us: 0 }
     }
 
     pub(crate) fn batch(batch: &'a str) -> Self {
@@ -84,6 +97,8 @@ impl<'a> Args<'a> {
             ttl_us: self.ttl_us,
             grant: self.grant.to_string(),
             batch: self.batch.to_string(),
+            value: self.value.to_vec(),
+            retention_us: self.retention_us,
         }
     }
 }
@@ -97,6 +112,8 @@ pub(crate) struct OwnedArgs {
     ttl_us: i64,
     grant: String,
     batch: String,
+    value: Vec<u8>,
+    retention_us: i64,
 }
 
 impl OwnedArgs {
@@ -108,6 +125,8 @@ impl OwnedArgs {
             ttl_us: self.ttl_us,
             grant: &self.grant,
             batch: &self.batch,
+            value: &self.value,
+            retention_us: self.retention_us,
         }
     }
 }
@@ -143,6 +162,8 @@ macro_rules! bind_all {
                 Param::TtlUs => q.bind($args.ttl_us),
                 Param::Grant => q.bind($args.grant),
                 Param::Batch => q.bind($args.batch),
+                Param::Value => q.bind($args.value),
+                Param::RetentionUs => q.bind($args.retention_us),
             };
         }
         q
@@ -164,13 +185,33 @@ where
             if let Ok(v) = row.try_get::<Option<String>, _>(i) {
                 return v.map_or(Value::Null, Value::Text);
             }
-            // MySQL's VARBINARY columns; what this crate writes there is UTF-8.
+            // Binary columns: MySQL's VARBINARY names and owners (UTF-8), stored results.
             match row.try_get::<Option<Vec<u8>>, _>(i) {
-                Ok(Some(bytes)) => Value::Text(String::from_utf8_lossy(&bytes).into_owned()),
+                Ok(Some(bytes)) => String::from_utf8(bytes).map_or_else(|e| Value::Bytes(e.into_bytes()), Value::Text),
                 _ => Value::Null,
             }
         })
         .collect()
+}
+
+/// Sends a statement again (a few times, after a short jittered pause) while the database
+/// rolls it back as a deadlock victim or a serialization failure: it changed nothing then.
+#[derive(Debug, Default)]
+pub(crate) struct RollbackRetry {
+    tries: u32,
+}
+
+impl RollbackRetry {
+    /// Whether to send the statement that failed with `err` again, after the pause.
+    pub(crate) async fn again(&mut self, err: &sqlx::Error) -> bool {
+        if !is_rolled_back(err) || self.tries >= ROLLBACK_RETRIES {
+            return false;
+        }
+        self.tries += 1;
+        tracing::debug!(%err, tries = self.tries, "statement rolled back by the database; sending it again");
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(1..=5 * u64::from(self.tries)))).await;
+        true
+    }
 }
 
 impl Pool {
@@ -303,14 +344,10 @@ impl Pool {
     /// deadlock victim or a serialization failure changed nothing, so it is sent again
     /// (a few times, after a short jittered pause).
     pub(crate) async fn run(&self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, LockError> {
-        let mut tries = 0;
+        let mut retry = RollbackRetry::default();
         loop {
             match self.run_raw(stmt, args).await {
-                Err(err) if is_rolled_back(&err) && tries < ROLLBACK_RETRIES => {
-                    tries += 1;
-                    tracing::debug!(%err, tries, "statement rolled back by the database; sending it again");
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(1..=5 * u64::from(tries)))).await;
-                }
+                Err(err) if retry.again(&err).await => {}
                 outcome => return outcome.map_err(lock_error),
             }
         }

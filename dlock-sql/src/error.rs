@@ -107,6 +107,15 @@ pub(crate) fn is_rolled_back(err: &sqlx::Error) -> bool {
     matches!(code.as_str(), "40001" | "40P01" | "1213")
 }
 
+/// Whether the server answered that it ended the session (an operator's kill, a
+/// shutdown): the statement it answered did not commit.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn is_session_ended(err: &sqlx::Error) -> bool {
+    // PostgreSQL: admin_shutdown, crash_shutdown; MySQL/MariaDB: ER_SERVER_SHUTDOWN,
+    // ER_CONNECTION_KILLED.
+    code(err).is_some_and(|code| ["57P01", "57P02", "1053", "1927"].contains(&code.as_str()))
+}
+
 /// Whether an error means the database could not be reached.
 pub(crate) fn is_unavailable(err: &sqlx::Error) -> bool {
     match err {

@@ -4,6 +4,11 @@
 //! in microseconds of the database's clock. Acquire, renew and release are one statement
 //! each (see [`crate::dialect`]); the fence counter is raised on every grant and never
 //! reset, because the row stays when the lock is released.
+//!
+//! Stored results are rows of the results table beside it (`<prefix>_results`: name,
+//! token, value, expires_us), keyed by the same name. A store is one statement that writes
+//! only while the lease row is still this hold's, as release checks it, and the stored
+//! result is of a lower token or expired.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -12,13 +17,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
-use dlock_core::{Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId};
+use dlock_core::{
+    Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId, StoredResult,
+};
 use tokio::time::Instant;
 
 use crate::config::{Dialect, SqlConfig};
 use crate::db::{Answer, Args, OwnedArgs, Pool, Value, Warm};
 use crate::dialect::{LeaseSql, Reply, Stmt};
 use crate::link::{Conn, SqlLink};
+use crate::results::Sweeper;
 #[cfg(feature = "postgres")]
 use crate::wake::Waker;
 
@@ -37,6 +45,7 @@ struct Shared {
     /// Whether the database runs `renew_batch` (MariaDB before 10.6 has no `JSON_TABLE`:
     /// it renews each hold with its own statement).
     batch_renewals: bool,
+    sweeper: Sweeper,
     #[cfg(feature = "postgres")]
     waker: Option<Waker>,
 }
@@ -109,7 +118,7 @@ impl SqlBackend {
     /// Connects (within the connect timeout) and creates the lease table when it is
     /// missing and the config allows it.
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
-        let sql = LeaseSql::new(config.dialect, &config.table());
+        let sql = LeaseSql::new(config.dialect, &config.table(), &config.results_table());
         let warm: Warm = [&sql.renew, &sql.renew_batch, &sql.inspect, &sql.release, &sql.give_back]
             .iter()
             .map(|stmt| stmt.sql.clone())
@@ -136,6 +145,7 @@ impl SqlBackend {
                 sql: Arc::new(sql),
                 dialect,
                 batch_renewals,
+                sweeper: Sweeper::default(),
                 #[cfg(feature = "postgres")]
                 waker,
             }),
@@ -159,7 +169,7 @@ impl SqlBackend {
 
     /// Clears the holder of `name` as an operator would (a forced unlock): the holder's
     /// next renewal finds the hold gone and its lost signal fires. The fence counter stays,
-    /// so the next holder's token is still higher.
+    /// so the next holder's token is still higher; a stored result stays too.
     pub async fn evict(&self, name: &LockName) -> Result<(), LockError> {
         self.run(&self.shared.sql.evict, Args::name(name.as_str())).await.map(drop)
     }
@@ -175,12 +185,11 @@ impl SqlBackend {
 
     fn hold_args(hold: &SqlHold, ttl: Duration) -> Args<'_> {
         Args {
-            name: hold.name.as_str(),
             owner: hold.owner.as_str(),
             fence: hold.fence,
             ttl_us: ttl_us(ttl),
             grant: &hold.grant,
-            batch: "",
+            ..Args::name(hold.name.as_str())
         }
     }
 
@@ -331,7 +340,7 @@ impl Backend for SqlBackend {
             fixed: true,
             extend: true,
             queue_length: false,
-            results: false,
+            results: true,
         }
     }
 
@@ -346,14 +355,8 @@ impl Backend for SqlBackend {
             *ticket = Some(SqlTicket { subscription: Some(subscription) });
         }
         let ttl = ttl_us(req.ttl());
-        let args = Args {
-            name: req.name.as_str(),
-            owner: req.owner.as_str(),
-            fence: 0,
-            ttl_us: ttl,
-            grant: req.id.as_str(),
-            batch: "",
-        };
+        let args =
+            Args { owner: req.owner.as_str(), ttl_us: ttl, grant: req.id.as_str(), ..Args::name(req.name.as_str()) };
         let answer = self.run(&self.shared.sql.acquire, args).await?;
         if let Some(fence) = self.granted_fence(&answer) {
             let hold = SqlHold {
@@ -399,14 +402,7 @@ impl Backend for SqlBackend {
     async fn give_back(&self, req: &Request, ticket: Option<SqlTicket>) {
         // A waiter's subscription (if any) ends with the ticket.
         let _ = ticket;
-        let args = Args {
-            name: req.name.as_str(),
-            owner: req.owner.as_str(),
-            fence: 0,
-            ttl_us: 0,
-            grant: req.id.as_str(),
-            batch: "",
-        };
+        let args = Args { owner: req.owner.as_str(), grant: req.id.as_str(), ..Args::name(req.name.as_str()) };
         let lasting = req.ttl() + Duration::from_millis(1);
         match self.settle(self.shared.sql.give_back.clone(), args.to_owned(), lasting).await {
             Ok(taken) => tracing::debug!(lock = %req.name, taken, "gave back an attempt of unknown outcome"),
@@ -463,6 +459,33 @@ impl Backend for SqlBackend {
         let lasting = Duration::from_micros(hold.ttl_us.load(Ordering::Relaxed).unsigned_abs());
         let released = self.settle(self.shared.sql.release.clone(), args, lasting).await?;
         Ok(if released { Release::Released } else { Release::NotHeld })
+    }
+
+    /// One statement (see the crate docs): `NotHeld` when it matched no row, because the
+    /// hold is not live or a result of this token or a later one is kept.
+    async fn store_result(
+        &self,
+        hold: &SqlHold,
+        token: FencingToken,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        if u64::try_from(hold.fence).ok() != Some(token.get()) {
+            return Err(LockError::NotHeld);
+        }
+        let stmt = &self.shared.sql.store_result;
+        let retention_us = crate::results::retention_us(retention);
+        let args = Args { value, retention_us, ..Self::hold_args(hold, Duration::ZERO) };
+        if self.run(stmt, args).await?.matched(stmt.reply) == 0 {
+            return Err(LockError::NotHeld);
+        }
+        self.shared.sweeper.after_store(&self.shared.conn, &self.shared.sql.results.sweep);
+        Ok(())
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        let answer = self.run(&self.shared.sql.results.load, Args::name(name.as_str())).await?;
+        crate::results::record(&answer)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {

@@ -28,6 +28,21 @@
 //!   compare-and-set with retries; [`fenced`]: `UPDATE … WHERE fence <= token`, so a resource
 //!   in the same database refuses a holder whose lease ran out.
 //!
+//! **Stored results** (for [`idempotent`](dlock_core::idempotent()) execution): a row of
+//! `<prefix>_results` beside the lease table, keyed by the same `name` column (the same
+//! type and byte-by-byte comparison), with the `token` of the hold that stored it, its
+//! `value` (`BYTEA`, MySQL's `LONGBLOB`, SQLite's `BLOB`) and `expires_us` on the database's
+//! clock. A store is **one statement**: an `INSERT … SELECT` from the lease row under the
+//! checks `release` makes (owner, token, grant, not expired), reading that row with a
+//! shared lock (PostgreSQL `FOR SHARE`, MySQL `LOCK IN SHARE MODE`, SQLite's write lock) so
+//! that no release, eviction or grant commits between the check and the write, and an
+//! upsert that replaces only a result of a lower token or an expired one. Releasing or
+//! evicting the lock leaves the result; a load ignores it once expired; the next store of
+//! the name replaces it, and after a store each client deletes up to 100 expired rows (at
+//! most once a minute). A 512 KiB result needs MySQL's `max_allowed_packet` of at least
+//! 1 MiB (the default is 16 MiB on MariaDB, 64 MiB on MySQL 8). The advisory locker keeps
+//! its results in `<prefix>_advisory_results` (see [`advisory`]).
+//!
 //! **Fencing token**: the row's `fence` counter, raised by every grant (a re-entrant acquire
 //! returns the holder's token). The row stays when the lock is released, so tokens never
 //! restart. **What survives a restart**: everything committed: holds (with their expiry on
@@ -74,6 +89,7 @@ mod link;
 pub mod optimistic;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod relay;
+mod results;
 pub mod rowlock;
 mod schema;
 #[cfg(feature = "postgres")]

@@ -8,10 +8,11 @@ use crate::db::{Args, Pool};
 use crate::dialect::LeaseSql;
 use crate::error::lock_error;
 
-/// Runs the `CREATE TABLE IF NOT EXISTS` statements, then brings a table made by an
-/// earlier version up to date. Several clients starting at once may race on PostgreSQL's
-/// catalog (a unique violation on `pg_type`) or on the upgrade; a statement that fails
-/// while the table is nonetheless usable afterwards is not an error.
+/// Runs the `CREATE … IF NOT EXISTS` statements (the lease table, the results table and its
+/// index), then brings a lease table made by an earlier version up to date. Several clients
+/// starting at once may race on PostgreSQL's catalog (a unique violation on `pg_type`) or on
+/// the upgrade; a statement that fails while the tables are nonetheless usable afterwards is
+/// not an error.
 pub(crate) async fn ensure(pool: &Pool, sql: &LeaseSql, timeout: Duration) -> Result<(), LockError> {
     let work = async {
         loop {
@@ -33,7 +34,8 @@ pub(crate) async fn ensure(pool: &Pool, sql: &LeaseSql, timeout: Duration) -> Re
 async fn create(pool: &Pool, sql: &LeaseSql) -> Result<(), LockError> {
     for ddl in &sql.create {
         if let Err(err) = pool.run_plain(ddl).await {
-            if pool.run(&sql.inspect, Args::name("dlock-schema-probe")).await.is_err() {
+            let probe = Args::name("dlock-schema-probe");
+            if pool.run(&sql.inspect, probe).await.is_err() || pool.run(&sql.results.load, probe).await.is_err() {
                 return Err(lock_error(err));
             }
         }

@@ -1,5 +1,5 @@
 //! An uncontended acquire+release costs exactly 2 statements, on pooled connections (no
-//! new connection per lock), counted on the wire by a relay that reads the client's side
+//! new connection per lock), and storing or loading a result 1 each, counted on the wire by a relay that reads the client's side
 //! of the protocol: PostgreSQL `Execute`/`Query` messages, MySQL `COM_STMT_EXECUTE`/
 //! `COM_QUERY` commands. Pool health pings are not statements and are not counted.
 
@@ -128,14 +128,20 @@ async fn counting_relay(db: Kind, target: SocketAddr) -> (SocketAddr, Arc<Counte
 
 const POOL_SIZE: u32 = 4;
 
-async fn two_statements(db: Kind) {
-    let fixture = SqlFixture::new(db).await;
+/// A lease client whose statements are counted, and its counters.
+async fn counted_client(fixture: &SqlFixture, db: Kind) -> (dlock_sql::SqlLocker, Arc<Counters>) {
     let (url, _link) = fixture.proxied_url().await;
     // The fault proxy forwards to the server; the counting relay sits in front of it.
     let proxy_addr: SocketAddr = url.split('@').nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
     let (relay, counters) = counting_relay(db, proxy_addr).await;
     let url = url.replacen(&proxy_addr.to_string(), &relay.to_string(), 1);
     let locker = dlock_sql::connect(common::config(&url).with_pool_size(POOL_SIZE)).await.expect("connect");
+    (locker, counters)
+}
+
+async fn two_statements(db: Kind) {
+    let fixture = SqlFixture::new(db).await;
+    let (locker, counters) = counted_client(&fixture, db).await;
     let name = LockName::new("statements/uncontended").unwrap();
     let opts = LockOptions::watchdog(Duration::from_secs(30)).wait(Duration::from_secs(5));
     for _ in 0..20 {
@@ -153,6 +159,40 @@ async fn two_statements(db: Kind) {
     assert!(opened <= 2 * u64::from(POOL_SIZE), "{opened} connections opened for {} locks", ROUNDS + 20);
 }
 
+/// Storing a result and loading it are one statement each.
+async fn one_statement_per_result_call(db: Kind) {
+    let fixture = SqlFixture::new(db).await;
+    let (locker, counters) = counted_client(&fixture, db).await;
+    let name = LockName::new("statements/results").unwrap();
+    let opts = LockOptions::watchdog(Duration::from_secs(30)).wait(Duration::from_secs(5));
+    let round = || async {
+        let lease = locker.acquire(&name, &opts).await.expect("acquire");
+        lease.store_result(b"done", Duration::from_secs(60)).await.expect("store");
+        lease.release().await.expect("release");
+        locker.load_result(&name).await.expect("load").expect("stored");
+    };
+    for _ in 0..10 {
+        round().await;
+    }
+    // The client's first store also sweeps expired results, in the background: wait for
+    // the wire to go quiet.
+    let mut seen = counters.statements.load(Ordering::SeqCst);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = counters.statements.load(Ordering::SeqCst);
+        if now == seen {
+            break;
+        }
+        seen = now;
+    }
+    const ROUNDS: u64 = 50;
+    for _ in 0..ROUNDS {
+        round().await;
+    }
+    let statements = counters.statements.load(Ordering::SeqCst) - seen;
+    assert_eq!(statements, 4 * ROUNDS, "statements per acquire+store+release+load");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_acquire_release_is_two_statements() {
     two_statements(Kind::Postgres).await;
@@ -161,4 +201,14 @@ async fn postgres_acquire_release_is_two_statements() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_acquire_release_is_two_statements() {
     two_statements(Kind::MariaDb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_and_load_are_one_statement_each() {
+    one_statement_per_result_call(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_store_and_load_are_one_statement_each() {
+    one_statement_per_result_call(Kind::MariaDb).await;
 }

@@ -1,6 +1,6 @@
 //! The SQL text of each database, and nothing else: the logic that runs it is written once
-//! in [`crate::lease`]. Expiry is judged by the database's own clock, in microseconds since
-//! the Unix epoch, read once per statement.
+//! in [`crate::lease`] (and [`crate::advisory`]). Expiry is judged by the database's own
+//! clock, in microseconds since the Unix epoch, read once per statement.
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -29,6 +29,10 @@ pub(crate) enum Param {
     /// A batch of holds to renew, as a JSON array of `{"n": name, "o": owner, "f": fence,
     /// "t": ttl_us}` objects.
     Batch,
+    /// A stored result's bytes.
+    Value,
+    /// How long a stored result is kept, in microseconds (rounded up).
+    RetentionUs,
 }
 
 /// What a statement answers with.
@@ -37,7 +41,6 @@ pub(crate) enum Reply {
     /// Rows (`RETURNING`, `SELECT`).
     Rows,
     /// Only a result: rows matched and the `LAST_INSERT_ID` value.
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
     Done,
 }
 
@@ -72,6 +75,15 @@ impl Stmt {
 ///   rows it renewed, or on MySQL with the count of rows it matched (`renewed` then lists
 ///   them when some were not).
 /// - `evict` clears the holder and keeps the fence counter.
+/// - `store_result` writes the result row of a hold, in the same statement as the check
+///   `release` makes (owner, token, grant recorded, not expired) and the check that the
+///   stored result is of a lower token or expired: it matches one row when it stored, none
+///   when it refused. The lease row is read with a shared lock (PostgreSQL `FOR SHARE`,
+///   MySQL `LOCK IN SHARE MODE`; SQLite holds the file's write lock for the statement), so a
+///   release, eviction or grant cannot slip between the check and the write.
+/// - `results` are the statements of the results table beside the lease table.
+///
+/// `create` makes both tables.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseSql {
     pub(crate) create: Vec<String>,
@@ -83,11 +95,74 @@ pub(crate) struct LeaseSql {
     pub(crate) release: Stmt,
     pub(crate) give_back: Stmt,
     pub(crate) evict: Stmt,
+    pub(crate) store_result: Stmt,
+    pub(crate) results: ResultSql,
     /// Brings a lease table made by an earlier version up to date: a probe that fails on an
     /// old table, and the statement that fixes it.
     pub(crate) upgrade: Vec<(String, String)>,
     /// PostgreSQL: the LISTEN/NOTIFY channel released locks are announced on.
     pub(crate) channel: Option<String>,
+}
+
+/// The statements of a results table (`<prefix>_results` beside the lease table,
+/// `<prefix>_advisory_results` beside the advisory table): one row per lock name, with the
+/// same name encoding as the lock's own table, holding the token of the run that stored the
+/// result, its bytes and its expiry (`expires_us`, on the database's clock). The row is
+/// apart from the lock's, so releasing or evicting the lock leaves it; it counts as gone
+/// once expired, the next store of the name replaces it, and `sweep` deletes expired rows.
+///
+/// - `create` makes the table and its index on `expires_us`.
+/// - `load` answers `(token, value)` of the name's record, if it has not expired.
+/// - `sweep` deletes up to [`SWEEP_BATCH`] expired rows.
+#[derive(Debug, Clone)]
+pub(crate) struct ResultSql {
+    pub(crate) create: Vec<String>,
+    pub(crate) load: Stmt,
+    pub(crate) sweep: Stmt,
+}
+
+/// The most expired result rows one sweep deletes, so that a sweep stays a short statement
+/// however many rows have piled up.
+pub(crate) const SWEEP_BATCH: u32 = 100;
+
+impl ResultSql {
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn new(dialect: Dialect, table: &str) -> Self {
+        match dialect {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres => postgres::result_sql(table),
+            #[cfg(feature = "mysql")]
+            Dialect::MySql => mysql::result_sql(table),
+            #[cfg(feature = "sqlite")]
+            Dialect::Sqlite => sqlite::result_sql(table),
+            #[allow(unreachable_patterns)]
+            other => unreachable!("{other:?} is not compiled in; SqlConfig refuses it"),
+        }
+    }
+}
+
+/// The store of an advisory hold's result, run on the holding session: written only while
+/// this session holds the lock (`pg_locks` / `IS_USED_LOCK`), the advisory row's fence is
+/// the hold's token, and the stored result is of a lower token or expired. The session
+/// holds the lock for as long as the statement runs (the lock ends only with the session,
+/// which would abort the statement), so the check and the write are one atomic step.
+/// Parameters in order: the value, the retention in microseconds, the advisory row's id
+/// (`INTEGER`), the token. Answers with a row (PostgreSQL) or a matched count (MySQL) when
+/// it stored.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn advisory_store(dialect: Dialect, results: &str, advisory: &str, classid: i32) -> String {
+    match dialect {
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => postgres::advisory_store(results, advisory, classid),
+        #[cfg(feature = "mysql")]
+        Dialect::MySql => {
+            // MySQL's lock names carry no class: `GET_LOCK` names are `<table>:<id>`.
+            let _ = classid;
+            mysql::advisory_store(results, advisory)
+        }
+        #[allow(unreachable_patterns)]
+        other => unreachable!("{other:?} has no advisory locks"),
+    }
 }
 
 /// Slack added to every expiry the database sets, covering the resolution of its clock
@@ -96,29 +171,33 @@ pub(crate) struct LeaseSql {
 pub(crate) const CLOCK_SLACK_US: i64 = 1_000;
 
 impl LeaseSql {
-    pub(crate) fn new(dialect: Dialect, table: &str) -> Self {
+    /// The statements of the lease table `table` and the results table `results`.
+    pub(crate) fn new(dialect: Dialect, table: &str, results: &str) -> Self {
         match dialect {
             #[cfg(feature = "postgres")]
-            Dialect::Postgres => postgres::lease_sql(table),
+            Dialect::Postgres => postgres::lease_sql(table, results),
             #[cfg(feature = "mysql")]
-            Dialect::MySql => mysql::lease_sql(table),
+            Dialect::MySql => mysql::lease_sql(table, results),
             #[cfg(feature = "sqlite")]
-            Dialect::Sqlite => sqlite::lease_sql(table),
+            Dialect::Sqlite => sqlite::lease_sql(table, results),
             #[allow(unreachable_patterns)]
             other => unreachable!("{other:?} is not compiled in; SqlConfig refuses it"),
         }
     }
 }
 
-/// The statements that create the lease table `<prefix>_leases` on `dialect`, for users
-/// who manage their schema with migrations (then connect with `create_table=false`).
+/// The statements that create the lease table `<prefix>_leases` and the results table
+/// `<prefix>_results` (with its index) on `dialect`, for users who manage their schema with
+/// migrations (then connect with `create_table=false`). Without the results table, locks
+/// work and storing or loading a result fails with a database error.
 ///
 /// ```
 /// use dlock_sql::{schema, Dialect};
 ///
 /// let ddl = schema(Dialect::Postgres, "dlock");
 /// assert!(ddl[0].starts_with("CREATE TABLE IF NOT EXISTS dlock_leases"));
+/// assert!(ddl[1].starts_with("CREATE TABLE IF NOT EXISTS dlock_results"));
 /// ```
 pub fn schema(dialect: Dialect, prefix: &str) -> Vec<String> {
-    LeaseSql::new(dialect, &format!("{prefix}_leases")).create
+    LeaseSql::new(dialect, &format!("{prefix}_leases"), &format!("{prefix}_results")).create
 }

@@ -8,28 +8,31 @@
 //! Names and owners are `VARBINARY`, so they compare byte by byte and a 1024-byte name
 //! fits InnoDB's 3072-byte key limit.
 
-use super::{LeaseSql, Param::*, Reply, Stmt, CLOCK_SLACK_US};
+use super::{LeaseSql, Param::*, Reply, ResultSql, Stmt, CLOCK_SLACK_US, SWEEP_BATCH};
 
 /// Microseconds since the epoch at the start of the statement (the session time zone is
 /// UTC, so `UNIX_TIMESTAMP(NOW(6))` is exact).
 const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
 
-pub(super) fn lease_sql(t: &str) -> LeaseSql {
+pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
     let free = format!("(owner IS NULL OR expires_us <= {NOW})");
     // The batch as a table; names compare as bytes, so the join uses the primary key.
     let batch = "JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(1024) PATH '$.n', o VARCHAR(256) PATH '$.o', \
                  f BIGINT PATH '$.f', t BIGINT PATH '$.t')) AS d \
                  ON l.name = CAST(d.n AS BINARY) AND l.owner = CAST(d.o AS BINARY) AND l.fence = d.f";
+    let results = result_sql(r);
+    let mut create = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {t} (\
+         name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+         owner VARBINARY(256) NULL, \
+         holds BIGINT NOT NULL DEFAULT 0, \
+         fence BIGINT NOT NULL DEFAULT 0, \
+         expires_us BIGINT NOT NULL DEFAULT 0, \
+         grants VARBINARY(16384) NOT NULL DEFAULT '') ENGINE=InnoDB"
+    )];
+    create.extend(results.create.iter().cloned());
     LeaseSql {
-        create: vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (\
-             name VARBINARY(1024) NOT NULL PRIMARY KEY, \
-             owner VARBINARY(256) NULL, \
-             holds BIGINT NOT NULL DEFAULT 0, \
-             fence BIGINT NOT NULL DEFAULT 0, \
-             expires_us BIGINT NOT NULL DEFAULT 0, \
-             grants VARBINARY(16384) NOT NULL DEFAULT '') ENGINE=InnoDB"
-        )],
+        create,
         acquire: Stmt::new(
             format!(
                 "INSERT INTO {t} (name, owner, holds, fence, expires_us, grants) \
@@ -84,6 +87,21 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
             &[Name],
             Reply::Done,
         ),
+        // `LOCK IN SHARE MODE`: the lease row and the stored result are read as they are
+        // now (not from a snapshot, whatever the isolation level) and stay locked until the
+        // write commits, so a release, eviction or grant cannot slip in between.
+        store_result: Stmt::new(
+            format!(
+                "INSERT INTO {r} (name, token, value, expires_us) \
+                 SELECT l.name, l.fence, ?, {NOW} + ? FROM {t} AS l LEFT JOIN {r} AS o ON o.name = l.name \
+                 WHERE l.name = ? AND l.owner = ? AND l.fence = ? AND LOCATE(CONCAT(',', ?, ','), l.grants) > 0 \
+                 AND l.expires_us > {NOW} AND {older} LOCK IN SHARE MODE {REPLACE}",
+                older = older("l.fence"),
+            ),
+            &[Value, RetentionUs, Name, Owner, Fence, Grant],
+            Reply::Done,
+        ),
+        results,
         upgrade: vec![(
             format!("SELECT grants FROM {t} WHERE 1 = 0"),
             format!("ALTER TABLE {t} ADD COLUMN grants VARBINARY(16384) NOT NULL DEFAULT ''"),
@@ -104,3 +122,47 @@ fn take_back(t: &str, extra: &str) -> String {
          WHERE name = ? AND owner = ? AND LOCATE(CONCAT(',', ?, ','), grants) > 0 {extra}"
     )
 }
+
+/// The statements of the results table `r`. `LONGBLOB`: `BLOB` stops at 64 KiB; a 512 KiB
+/// result also needs `max_allowed_packet` above it (the default is 16 MiB on MariaDB, 64 MiB
+/// on MySQL 8).
+pub(super) fn result_sql(r: &str) -> ResultSql {
+    ResultSql {
+        create: vec![format!(
+            "CREATE TABLE IF NOT EXISTS {r} (\
+             name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+             token BIGINT NOT NULL, \
+             value LONGBLOB NOT NULL, \
+             expires_us BIGINT NOT NULL, \
+             KEY {r}_expires (expires_us)) ENGINE=InnoDB"
+        )],
+        load: Stmt::new(
+            format!("SELECT token, value FROM {r} WHERE name = ? AND expires_us > {NOW}"),
+            &[Name],
+            Reply::Rows,
+        ),
+        sweep: Stmt::new(format!("DELETE FROM {r} WHERE expires_us <= {NOW} LIMIT {SWEEP_BATCH}"), &[], Reply::Done),
+    }
+}
+
+/// The store of an advisory hold's result (see [`super::advisory_store`]).
+pub(super) fn advisory_store(r: &str, a: &str) -> String {
+    format!(
+        "INSERT INTO {r} (name, token, value, expires_us) \
+         SELECT a.name, a.fence, ?, {NOW} + ? FROM {a} AS a LEFT JOIN {r} AS o ON o.name = a.name \
+         WHERE a.id = ? AND a.fence = ? AND IS_USED_LOCK(CONCAT('{a}:', a.id)) = CONNECTION_ID() \
+         AND {older} LOCK IN SHARE MODE {REPLACE}",
+        older = older("a.fence"),
+    )
+}
+
+/// Whether the name's stored result (`o`, from a left join) may be replaced by one of token
+/// `token`: there is none, or it is of a lower token, or it has expired. The upsert after it
+/// then writes unconditionally, since MySQL's `ON DUPLICATE KEY UPDATE` has no `WHERE`.
+fn older(token: &str) -> String {
+    format!("(o.name IS NULL OR o.token < {token} OR o.expires_us <= {NOW})")
+}
+
+/// The upsert of a store whose checks passed.
+const REPLACE: &str =
+    "ON DUPLICATE KEY UPDATE token = VALUES(token), value = VALUES(value), expires_us = VALUES(expires_us)";

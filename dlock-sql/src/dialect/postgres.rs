@@ -1,24 +1,27 @@
 //! PostgreSQL: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` per acquire; release
 //! announces a freed lock with `pg_notify` (sent at commit).
 
-use super::{LeaseSql, Param::*, Reply, Stmt, CLOCK_SLACK_US};
+use super::{LeaseSql, Param::*, Reply, ResultSql, Stmt, CLOCK_SLACK_US, SWEEP_BATCH};
 
 /// Microseconds since the epoch at the start of the statement, exact.
 const NOW: &str = "(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000))::bigint";
 
-pub(super) fn lease_sql(t: &str) -> LeaseSql {
+pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
     let channel = t.to_string();
+    let results = result_sql(r);
+    // `COLLATE "C"`: names and owners compare byte by byte, never case-insensitively.
+    let mut create = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {t} (\
+         name TEXT COLLATE \"C\" NOT NULL PRIMARY KEY, \
+         owner TEXT COLLATE \"C\", \
+         holds BIGINT NOT NULL DEFAULT 0, \
+         fence BIGINT NOT NULL DEFAULT 0, \
+         expires_us BIGINT NOT NULL DEFAULT 0, \
+         grants TEXT COLLATE \"C\" NOT NULL DEFAULT '')"
+    )];
+    create.extend(results.create.iter().cloned());
     LeaseSql {
-        // `COLLATE "C"`: names and owners compare byte by byte, never case-insensitively.
-        create: vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (\
-             name TEXT COLLATE \"C\" NOT NULL PRIMARY KEY, \
-             owner TEXT COLLATE \"C\", \
-             holds BIGINT NOT NULL DEFAULT 0, \
-             fence BIGINT NOT NULL DEFAULT 0, \
-             expires_us BIGINT NOT NULL DEFAULT 0, \
-             grants TEXT COLLATE \"C\" NOT NULL DEFAULT '')"
-        )],
+        create,
         acquire: Stmt::new(
             format!(
                 "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us, grants) \
@@ -74,6 +77,22 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
             &[Name],
             Reply::Rows,
         ),
+        // `FOR SHARE`: a release, eviction or grant of the lease row waits for the store to
+        // commit, and a store that waited sees their outcome (the row is checked again).
+        store_result: Stmt::new(
+            format!(
+                "INSERT INTO {r} AS r (name, token, value, expires_us) \
+                 SELECT l.name, l.fence, $5, {NOW} + $6 FROM {t} AS l \
+                 WHERE l.name = $1 AND l.owner = $2 AND l.fence = $3 \
+                 AND strpos(l.grants, ',' || $4 || ',') > 0 AND l.expires_us > {NOW} \
+                 FOR SHARE OF l \
+                 {replace} RETURNING token",
+                replace = replace_older(),
+            ),
+            &[Name, Owner, Fence, Grant, Value, RetentionUs],
+            Reply::Rows,
+        ),
+        results,
         upgrade: vec![(
             format!("SELECT grants FROM {t} WHERE 1 = 0"),
             format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS grants TEXT COLLATE \"C\" NOT NULL DEFAULT ''"),
@@ -92,5 +111,58 @@ fn take_back(t: &str, channel: &str, extra: &str) -> String {
          expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
          WHERE name = $1 AND owner = $2 AND strpos(grants, ',' || $3 || ',') > 0 {extra} RETURNING holds) \
          SELECT holds, CASE WHEN holds = 0 THEN (SELECT 1 FROM pg_notify('{channel}', $1)) END FROM r"
+    )
+}
+
+/// The statements of the results table `r`.
+pub(super) fn result_sql(r: &str) -> ResultSql {
+    ResultSql {
+        create: vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {r} (\
+                 name TEXT COLLATE \"C\" NOT NULL PRIMARY KEY, \
+                 token BIGINT NOT NULL, \
+                 value BYTEA NOT NULL, \
+                 expires_us BIGINT NOT NULL)"
+            ),
+            format!("CREATE INDEX IF NOT EXISTS {r}_expires ON {r} (expires_us)"),
+        ],
+        load: Stmt::new(
+            format!("SELECT token, value FROM {r} WHERE name = $1 AND expires_us > {NOW}"),
+            &[Name],
+            Reply::Rows,
+        ),
+        // `SKIP LOCKED`: a row a store is replacing right now is left to it.
+        sweep: Stmt::new(
+            format!(
+                "DELETE FROM {r} WHERE name IN (SELECT name FROM {r} WHERE expires_us <= {NOW} \
+                 LIMIT {SWEEP_BATCH} FOR UPDATE SKIP LOCKED)"
+            ),
+            &[],
+            Reply::Done,
+        ),
+    }
+}
+
+/// The store of an advisory hold's result (see [`super::advisory_store`]).
+pub(super) fn advisory_store(r: &str, a: &str, classid: i32) -> String {
+    format!(
+        "INSERT INTO {r} AS r (name, token, value, expires_us) \
+         SELECT a.name, a.fence, $1, {NOW} + $2 FROM {a} AS a \
+         WHERE a.id = $3 AND a.fence = $4 AND EXISTS (SELECT 1 FROM pg_locks k \
+         WHERE k.locktype = 'advisory' AND k.granted AND k.pid = pg_backend_pid() AND k.objsubid = 2 \
+         AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND k.classid = {classid}::oid AND k.objid = a.id::oid) \
+         {replace} RETURNING token",
+        replace = replace_older(),
+    )
+}
+
+/// Replaces the name's stored result only when it is of a lower token or expired.
+fn replace_older() -> String {
+    format!(
+        "ON CONFLICT (name) DO UPDATE SET \
+         token = EXCLUDED.token, value = EXCLUDED.value, expires_us = EXCLUDED.expires_us \
+         WHERE r.token < EXCLUDED.token OR r.expires_us <= {NOW}"
     )
 }

@@ -2,23 +2,26 @@
 //! write statement takes the file's write lock before it reads, so it is atomic across
 //! processes; waiting for that lock is bounded by the busy timeout.
 
-use super::{LeaseSql, Param::*, Reply, Stmt, CLOCK_SLACK_US};
+use super::{LeaseSql, Param::*, Reply, ResultSql, Stmt, CLOCK_SLACK_US, SWEEP_BATCH};
 
 /// Microseconds since the epoch, from the statement's `'now'` (millisecond resolution).
 const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
 
-pub(super) fn lease_sql(t: &str) -> LeaseSql {
+pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
+    let results = result_sql(r);
+    // TEXT compares with the BINARY collation: byte by byte.
+    let mut create = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {t} (\
+         name TEXT NOT NULL PRIMARY KEY, \
+         owner TEXT, \
+         holds INTEGER NOT NULL DEFAULT 0, \
+         fence INTEGER NOT NULL DEFAULT 0, \
+         expires_us INTEGER NOT NULL DEFAULT 0, \
+         grants TEXT NOT NULL DEFAULT '') WITHOUT ROWID"
+    )];
+    create.extend(results.create.iter().cloned());
     LeaseSql {
-        // TEXT compares with the BINARY collation: byte by byte.
-        create: vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (\
-             name TEXT NOT NULL PRIMARY KEY, \
-             owner TEXT, \
-             holds INTEGER NOT NULL DEFAULT 0, \
-             fence INTEGER NOT NULL DEFAULT 0, \
-             expires_us INTEGER NOT NULL DEFAULT 0, \
-             grants TEXT NOT NULL DEFAULT '') WITHOUT ROWID"
-        )],
+        create,
         acquire: Stmt::new(
             format!(
                 "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us, grants) \
@@ -72,6 +75,23 @@ pub(super) fn lease_sql(t: &str) -> LeaseSql {
             &[Name],
             Reply::Done,
         ),
+        // The statement holds the file's write lock from before it reads the lease row until
+        // it commits. The SELECT needs its WHERE for SQLite to parse the upsert after it.
+        store_result: Stmt::new(
+            format!(
+                "INSERT INTO {r} AS r (name, token, value, expires_us) \
+                 SELECT name, fence, ?5, {NOW} + ?6 FROM {t} \
+                 WHERE name = ?1 AND owner = ?2 AND fence = ?3 \
+                 AND instr(grants, ',' || ?4 || ',') > 0 AND expires_us > {NOW} \
+                 ON CONFLICT (name) DO UPDATE SET \
+                 token = excluded.token, value = excluded.value, expires_us = excluded.expires_us \
+                 WHERE r.token < excluded.token OR r.expires_us <= {NOW} \
+                 RETURNING token"
+            ),
+            &[Name, Owner, Fence, Grant, Value, RetentionUs],
+            Reply::Rows,
+        ),
+        results,
         upgrade: vec![(
             format!("SELECT grants FROM {t} WHERE 1 = 0"),
             format!("ALTER TABLE {t} ADD COLUMN grants TEXT NOT NULL DEFAULT ''"),
@@ -90,4 +110,34 @@ fn take_back(t: &str, extra: &str) -> String {
          expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
          WHERE name = ?1 AND owner = ?2 AND instr(grants, ',' || ?3 || ',') > 0 {extra}"
     )
+}
+
+/// The statements of the results table `r`: a rowid table, unlike the lease table, since
+/// SQLite keeps the large rows of a `WITHOUT ROWID` table badly.
+pub(super) fn result_sql(r: &str) -> ResultSql {
+    ResultSql {
+        create: vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {r} (\
+                 name TEXT NOT NULL PRIMARY KEY, \
+                 token INTEGER NOT NULL, \
+                 value BLOB NOT NULL, \
+                 expires_us INTEGER NOT NULL)"
+            ),
+            format!("CREATE INDEX IF NOT EXISTS {r}_expires ON {r} (expires_us)"),
+        ],
+        load: Stmt::new(
+            format!("SELECT token, value FROM {r} WHERE name = ?1 AND expires_us > {NOW}"),
+            &[Name],
+            Reply::Rows,
+        ),
+        sweep: Stmt::new(
+            format!(
+                "DELETE FROM {r} WHERE name IN \
+                 (SELECT name FROM {r} WHERE expires_us <= {NOW} LIMIT {SWEEP_BATCH})"
+            ),
+            &[],
+            Reply::Done,
+        ),
+    }
 }
