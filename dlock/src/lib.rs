@@ -26,8 +26,9 @@
 //! ```
 //!
 //! Each backend crate is also reachable as a module behind its feature, so its own
-//! configuration and helpers need no second dependency: [`redis`] (with `redis` or
-//! `redlock`), [`sql`] (with `sqlite`, `postgres` or `mysql`), [`zk`], [`etcd`].
+//! configuration and helpers need no second dependency: `dlock::redis` (with `redis` or
+//! `redlock`), `dlock::sql` (with `sqlite`, `postgres` or `mysql`), `dlock::zk` (with `zk`),
+//! `dlock::etcd` (with `etcd`).
 //!
 //! ```
 //! # #[cfg(feature = "sqlite")]
