@@ -17,21 +17,85 @@ use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::{Registration, Subscriptions};
 use crate::results;
 use crate::scripts::{
-    parse_given_back, scripts, ttl_millis, wait_replicas, AcquireReply, HoldView, Invocation, ReleaseReply, RenewReply,
+    parse_given_back, parse_inspect_queue, scripts, ttl_millis, wait_replicas, AcquireReply, Invocation, ReleaseReply,
+    RenewReply,
 };
 
-/// What this backend can do: everything but FIFO grants and queue lengths (waiters are
-/// not queued in Redis; each retries when woken). RedLock can do the same.
+/// What this backend can do: everything, FIFO grants (`fair(true)`) and queue lengths
+/// included. RedLock has its own, without them
+/// ([`REDLOCK_CAPABILITIES`](crate::REDLOCK_CAPABILITIES)).
 pub const CAPABILITIES: Capabilities = Capabilities {
     reentrant: true,
-    fifo: false,
+    fifo: true,
     notify: true,
     ttl: true,
     fixed: true,
     extend: true,
-    queue_length: false,
+    queue_length: true,
     results: true,
 };
+
+/// When a busy acquire takes a place in the lock's queue (see the acquire script).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlaceMode {
+    /// Never: a try, which does not wait.
+    Never,
+    /// Only behind a queue that exists already: a blocking non-fair acquire, which must
+    /// not overtake queued waiters but has no order of its own to keep otherwise.
+    BehindQueue,
+    /// Always: a blocking fair acquire.
+    Always,
+}
+
+impl PlaceMode {
+    fn of(req: &Request) -> Self {
+        match (req.blocking, req.fair) {
+            (false, _) => PlaceMode::Never,
+            (true, false) => PlaceMode::BehindQueue,
+            (true, true) => PlaceMode::Always,
+        }
+    }
+
+    fn arg(self) -> &'static str {
+        match self {
+            PlaceMode::Never => "0",
+            PlaceMode::BehindQueue => "1",
+            PlaceMode::Always => "2",
+        }
+    }
+}
+
+/// A waiter's state between attempts: its subscription, and its place in the queue.
+///
+/// A waiter with a place listens on its client's wake-up channel of the lock for messages
+/// naming its place, which a release (or a give-back, or the head giving up) publishes
+/// only when it is first in the queue of a free lock; one without listens on the lock's
+/// channel, as every release publishes there while nobody queues.
+pub struct RedisTicket {
+    /// The place id (the request id) once the waiter was given a place: the place is
+    /// given up with it when the waiter gives up.
+    place: Option<String>,
+    /// The channel `registration` listens on.
+    channel: String,
+    registration: Registration,
+}
+
+impl std::fmt::Debug for RedisTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTicket").field("place", &self.place).field("channel", &self.channel).finish()
+    }
+}
+
+impl RedisTicket {
+    /// The waiter's place id, if it has (or had) a place in the queue.
+    pub fn place(&self) -> Option<&str> {
+        self.place.as_deref()
+    }
+}
+
+/// How often a queued waiter comes back at the latest, as a fraction of its ttl: its
+/// place lapses a ttl after its last attempt, so it refreshes the place well before.
+const PLACE_REFRESHES_PER_TTL: u32 = 3;
 
 /// The Redis backend of one client: a command connection, the key layout, and the
 /// shared pub/sub connection of its waiters.
@@ -105,7 +169,14 @@ impl RedisBackend {
     /// One acquire script call, with the replica acknowledgement if configured: a grant
     /// too few replicas acknowledged is given back and fails.
     async fn acquire_once(&self, req: &Request, keys: &LockKeys, ttl_ms: u64) -> Result<AcquireReply, LockError> {
-        let call = acquire_call(keys, &owner_field(&req.owner), &grant_field(&req.id), &keys.void(&req.id), ttl_ms);
+        let call = acquire_call(
+            keys,
+            &owner_field(&req.owner),
+            &grant_field(&req.id),
+            &keys.void(&req.id),
+            ttl_ms,
+            (req.id.as_str(), PlaceMode::of(req)),
+        );
         let Some(acked) = &self.replica_ack else {
             let reply = call.run(&mut self.conn.clone()).await.map_err(to_lock_error)?;
             return AcquireReply::parse(reply).map_err(to_lock_error);
@@ -148,15 +219,23 @@ fn not_acknowledged(acked: u32, ack: ReplicaAck) -> LockError {
     LockError::QuorumNotReached { got: acked as usize, needed: ack.replicas as usize }
 }
 
-/// The acquire script call of one request: its owner, its grant field and its marker key.
+/// The acquire script call of one request: its owner, its grant field, its marker key,
+/// its place id in the queue (the request id) and when it takes that place.
 pub(crate) fn acquire_call(
     keys: &LockKeys,
     owner_field: &str,
     grant_field: &str,
     void: &str,
     ttl_ms: u64,
+    (place, mode): (&str, PlaceMode),
 ) -> Invocation {
-    Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, void]).arg(owner_field).arg(ttl_ms).arg(grant_field)
+    Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, void, &keys.queue, &keys.places])
+        .arg(owner_field)
+        .arg(ttl_ms)
+        .arg(grant_field)
+        .arg(place)
+        .arg(mode.arg())
+        .arg(&keys.wake_prefix)
 }
 
 /// The renew script call for one grant.
@@ -170,26 +249,34 @@ pub(crate) fn renew_call(keys: &LockKeys, owner_field: &str, grant_field: &str, 
 
 /// The release script call for one grant.
 pub(crate) fn release_call(keys: &LockKeys, owner_field: &str, grant_field: &str, token: u64) -> Invocation {
-    Invocation::new(&scripts().release, &[&keys.hold])
+    Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places])
         .arg(owner_field)
         .arg(token.to_string())
         .arg(&keys.channel)
         .arg(grant_field)
+        .arg(&keys.wake_prefix)
 }
 
 /// The give-back script call for whatever grant request `req` may have made on `keys`.
 pub(crate) fn give_back_call(keys: &LockKeys, req: &Request) -> Invocation {
-    Invocation::new(&scripts().give_back, &[&keys.hold, &keys.void(&req.id)])
+    Invocation::new(&scripts().give_back, &[&keys.hold, &keys.void(&req.id), &keys.queue, &keys.places])
         .arg(owner_field(&req.owner))
         .arg(grant_field(&req.id))
         .arg(&keys.channel)
         .arg(ttl_millis(req.ttl()).max(1))
+        .arg(req.id.as_str())
+        .arg(&keys.wake_prefix)
+}
+
+/// The abandon script call that gives up the place `place` in the queue of `keys`.
+pub(crate) fn abandon_call(keys: &LockKeys, place: &str) -> Invocation {
+    Invocation::new(&scripts().abandon, &[&keys.hold, &keys.queue, &keys.places]).arg(place).arg(&keys.wake_prefix)
 }
 
 #[async_trait]
 impl Backend for RedisBackend {
     type Hold = RedisHold;
-    type Ticket = Registration;
+    type Ticket = RedisTicket;
 
     fn name(&self) -> &'static str {
         "redis"
@@ -199,14 +286,47 @@ impl Backend for RedisBackend {
         CAPABILITIES
     }
 
-    async fn attempt(&self, req: &Request, ticket: &mut Option<Registration>) -> Result<Attempt<RedisHold>, LockError> {
+    async fn attempt(&self, req: &Request, ticket: &mut Option<RedisTicket>) -> Result<Attempt<RedisHold>, LockError> {
         let keys = self.layout.lock(&req.name);
         let ttl_ms = ttl_millis(req.ttl());
+        let place = req.id.as_str();
+        if ticket.is_none() && PlaceMode::of(req) == PlaceMode::Always {
+            // Another waiter of this client queues for the lock already: listening beside
+            // it costs nothing, and listening before the first look means that look
+            // needs no second one.
+            let channel = keys.wake(place);
+            if let Some(registration) = self.subscriptions.subscribed_for(&channel, place) {
+                *ticket = Some(RedisTicket { place: Some(place.to_string()), channel, registration });
+            }
+        }
         let mut reply = self.acquire_once(req, &keys, ttl_ms).await?;
-        if matches!(reply, AcquireReply::Busy(_)) && req.blocking && ticket.is_none() {
-            // Subscribe, then look again: a release between the first look and the
-            // subscription would otherwise go unnoticed until the holder's ttl.
-            *ticket = Some(self.subscriptions.subscribe(&keys.channel).await);
+        // A waiter listens where its wake-up will come: its client's channel once it has
+        // a place, else the lock's. Subscribe there, then look again: a wake-up between
+        // the look and the subscription would otherwise go unnoticed until the next timed
+        // look. Whether it has a place can change once more with that look (a queue
+        // formed, or its lapsed place was dropped); the next attempt catches up then.
+        for _ in 0..2 {
+            let AcquireReply::Busy { queued, .. } = reply else { break };
+            if !req.blocking {
+                break;
+            }
+            let channel = if queued { keys.wake(place) } else { keys.channel.clone() };
+            if let Some(ticket) = ticket.as_mut() {
+                if queued {
+                    ticket.place = Some(place.to_string());
+                }
+                if ticket.channel == channel {
+                    break;
+                }
+            }
+            let had_place = ticket.as_mut().and_then(|t| t.place.take());
+            let registration = if queued {
+                self.subscriptions.subscribe_for(&channel, place).await
+            } else {
+                self.subscriptions.subscribe(&channel).await
+            };
+            let place = if queued { Some(place.to_string()) } else { had_place };
+            *ticket = Some(RedisTicket { place, channel, registration });
             reply = self.acquire_once(req, &keys, ttl_ms).await?;
         }
         Ok(match reply {
@@ -219,24 +339,44 @@ impl Backend for RedisBackend {
                 },
                 token: FencingToken::new(token),
             },
-            // A millisecond more, so that the hold has surely expired when we look again.
-            AcquireReply::Busy(left) => Attempt::Busy { retry_after: left.map(|d| d + Duration::from_millis(1)) },
+            AcquireReply::Busy { left, queued } => {
+                // A millisecond more, so that the hold has surely expired when we look again.
+                let left = left.map(|d| d + Duration::from_millis(1));
+                let retry_after = if queued {
+                    if let Some(ticket) = ticket.as_mut() {
+                        ticket.place = Some(req.id.to_string());
+                    }
+                    let refresh = req.ttl() / PLACE_REFRESHES_PER_TTL;
+                    Some(left.map_or(refresh, |left| left.min(refresh)))
+                } else {
+                    left
+                };
+                Attempt::Busy { retry_after }
+            }
         })
     }
 
     async fn wait(
         &self,
         _req: &Request,
-        ticket: &mut Option<Registration>,
+        ticket: &mut Option<RedisTicket>,
         until: tokio::time::Instant,
     ) -> Result<(), LockError> {
         match ticket {
-            Some(registration) => {
-                let _ = tokio::time::timeout_at(until, registration.notified()).await;
+            Some(ticket) => {
+                let _ = tokio::time::timeout_at(until, ticket.registration.notified()).await;
             }
             None => tokio::time::sleep_until(until).await,
         }
         Ok(())
+    }
+
+    async fn abandon(&self, req: &Request, ticket: RedisTicket) {
+        let Some(place) = ticket.place.as_deref() else { return };
+        let keys = self.layout.lock(&req.name);
+        if let Err(err) = abandon_call(&keys, place).run(&mut self.conn.clone()).await {
+            tracing::debug!(%err, lock = %keys.hold, "giving up a place in the queue failed; it lapses after the waiter's ttl");
+        }
     }
 
     async fn renew(&self, hold: &RedisHold, ttl: Duration) -> Result<Renewal, LockError> {
@@ -271,7 +411,8 @@ impl Backend for RedisBackend {
         Ok(if released { Release::Released } else { Release::NotHeld })
     }
 
-    async fn give_back(&self, req: &Request, ticket: Option<Registration>) {
+    async fn give_back(&self, req: &Request, ticket: Option<RedisTicket>) {
+        // The give-back script gives up the request's place too: its id is the request's.
         drop(ticket);
         let keys = self.layout.lock(&req.name);
         match self.give_back_grant(req, &keys).await {
@@ -314,11 +455,11 @@ impl Backend for RedisBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
         let keys = self.layout.lock(name);
-        let reply: Value = Invocation::new(&scripts().inspect, &[&keys.hold])
+        let reply: Value = Invocation::new(&scripts().inspect_queue, &[&keys.hold, &keys.places])
             .run(&mut self.conn.clone())
             .await
             .map_err(to_lock_error)?;
-        let holder = holder(HoldView::parse(reply).map_err(to_lock_error)?, &keys.hold)?;
-        Ok(LockInfo { holder, waiters: None })
+        let (waiters, view) = parse_inspect_queue(reply).map_err(to_lock_error)?;
+        Ok(LockInfo { holder: holder(view, &keys.hold)?, waiters: Some(waiters) })
     }
 }

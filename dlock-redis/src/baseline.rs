@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use dlock_core::{LockError, LockName, RawBaseline, DEFAULT_TTL};
 
-use crate::backend::{acquire_call, release_call, renew_call};
+use crate::backend::{acquire_call, release_call, renew_call, PlaceMode};
 use crate::config::ReplicaAck;
 use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
@@ -54,13 +54,23 @@ impl RawBaseline for RedisBaseline {
         let keys = self.layout.lock(name);
         let void = format!("{}:void:raw-baseline", keys.hold);
         let reply = self
-            .send(&acquire_call(&keys, OWNER_FIELD, GRANT_FIELD, &void, ttl_millis(DEFAULT_TTL)), &keys.hold)
+            .send(
+                &acquire_call(
+                    &keys,
+                    OWNER_FIELD,
+                    GRANT_FIELD,
+                    &void,
+                    ttl_millis(DEFAULT_TTL),
+                    ("raw-baseline", PlaceMode::Never),
+                ),
+                &keys.hold,
+            )
             .await?;
         match AcquireReply::parse(reply).map_err(to_lock_error)? {
             AcquireReply::Granted(token) => {
                 self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token), &keys.hold).await.map(drop)
             }
-            AcquireReply::Busy(_) => Err(LockError::Timeout),
+            AcquireReply::Busy { .. } => Err(LockError::Timeout),
         }
     }
 

@@ -7,7 +7,10 @@
 //! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token, `grant:<request id>` → 1 per grant; with a ttl (PEXPIRE) |
 //! | the fence counter | `dlock:{orders%2F42}:fence` | string counter (INCR), no ttl |
 //! | a given-back request | `dlock:{orders%2F42}:void:<request id>` | string, with the request's ttl: refuses a late delivery of an acquire whose grant was given back |
-//! | the release channel | `dlock:{orders%2F42}:released` | pub/sub channel; the message is the released token |
+//! | the release channel | `dlock:{orders%2F42}:released` | pub/sub channel; the message is the released token. Used while no waiter queues |
+//! | the queue | `dlock:{orders%2F42}:queue` | list of place ids (each the request id of a waiting acquire call), first come first; with a ttl of the longest place |
+//! | the places | `dlock:{orders%2F42}:places` | hash: place id → when the place lapses (ms since the epoch, server clock); a place is in the list exactly when it is here; with the same ttl as the queue |
+//! | a client's wake-up channel | `dlock:{orders%2F42}:wake:<client id>` | pub/sub channel; the message is a place id, whose waiter is now first in the queue of a free lock. The client id is the place id up to its last `:` |
 //! | the stored result | `dlock:{orders%2F42}:result` | hash: `token` → the storing hold's token, `value` → the result, `call` → the id of the store call; with the retention as ttl (PEXPIRE). Apart from the hold, so that a release or an eviction leaves it (see [`results`](crate::results)) |
 //!
 //! The part in braces is the Cluster hash tag, so the hold, the counter and the result
@@ -67,7 +70,14 @@ impl KeyLayout {
     /// The keys and channel of one lock.
     pub fn lock(&self, name: &LockName) -> LockKeys {
         let hold = format!("{}:{{{}}}", self.prefix, name.encoded());
-        LockKeys { fence: format!("{hold}:fence"), channel: format!("{hold}:released"), hold }
+        LockKeys {
+            fence: format!("{hold}:fence"),
+            channel: format!("{hold}:released"),
+            queue: format!("{hold}:queue"),
+            places: format!("{hold}:places"),
+            wake_prefix: format!("{hold}:wake:"),
+            hold,
+        }
     }
 }
 
@@ -78,8 +88,14 @@ pub struct LockKeys {
     pub hold: String,
     /// The fence counter.
     pub fence: String,
-    /// The channel a release is published on.
+    /// The channel a release is published on while nobody queues.
     pub channel: String,
+    /// The FIFO queue of waiters' place ids.
+    pub queue: String,
+    /// The hash of each queued place's lapse time.
+    pub places: String,
+    /// The prefix of a client's wake-up channel; see [`wake`](Self::wake).
+    pub wake_prefix: String,
 }
 
 /// The hold hash's field for `owner`.
@@ -97,6 +113,14 @@ impl LockKeys {
     /// given back (in the lock's hash slot).
     pub fn void(&self, id: &RequestId) -> String {
         format!("{}:void:{id}", self.hold)
+    }
+
+    /// The channel on which the waiter with place `place` is told it is first in the
+    /// queue of a free lock (the message is `place`). It is its client's: the place id up
+    /// to its last `:`, as the scripts name it too.
+    pub fn wake(&self, place: &str) -> String {
+        let client = place.rsplit_once(':').map_or(place, |(client, _)| client);
+        format!("{}{client}", self.wake_prefix)
     }
 
     /// The key of the result stored under the lock's name (in the lock's hash slot).
@@ -117,6 +141,14 @@ mod tests {
     }
 
     #[test]
+    fn a_place_wakes_on_its_clients_channel() {
+        let keys = KeyLayout::new("p").unwrap().lock(&LockName::new("n").unwrap());
+        assert_eq!(keys.wake("0123abcd:17"), "p:{n}:wake:0123abcd");
+        assert_eq!(keys.wake("a:b:17"), "p:{n}:wake:a:b");
+        assert_eq!(keys.wake("lonely"), "p:{n}:wake:lonely");
+    }
+
+    #[test]
     fn every_key_of_a_lock_has_one_hash_tag() {
         let layout = KeyLayout::new("p").unwrap();
         for name in ["{}", "}{", "a{b}c", "{", "}", "🔒"] {
@@ -129,6 +161,8 @@ mod tests {
             assert_eq!(tag(&keys.hold), LockName::new(name).unwrap().encoded());
             assert_eq!(tag(&keys.hold), tag(&keys.fence));
             assert_eq!(tag(&keys.hold), tag(&keys.result()));
+            assert_eq!(tag(&keys.hold), tag(&keys.queue));
+            assert_eq!(tag(&keys.hold), tag(&keys.places));
             assert_eq!(keys.hold.matches(['{', '}']).count(), 2, "{name}");
         }
     }

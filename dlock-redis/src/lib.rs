@@ -47,6 +47,9 @@
 //! dlock:{orders%2F42}:fence     string 17                                          (no ttl)
 //! dlock:{orders%2F42}:void:<request id>  a request given back                     (PEXPIRE ttl)
 //! dlock:{orders%2F42}:released  channel; a release publishes the released token
+//! dlock:{orders%2F42}:queue     list  place ids of queued waiters, first come first
+//! dlock:{orders%2F42}:places    hash  place id -> when the place lapses (ms, server clock)
+//! dlock:{orders%2F42}:wake:<client id>  channel; the message names the waiter now first
 //! dlock:{orders%2F42}:result    hash  token -> 17, value -> <bytes>, call -> <store call id>
 //!                                     (PEXPIRE retention; see below)
 //! ```
@@ -72,6 +75,30 @@
 //! - a **waiter** subscribes to the channel before it looks again, then sleeps until a
 //!   release message or the holder's remaining ttl (an expired or deleted hold sends no
 //!   message), on one pub/sub connection shared by every waiter of the client.
+//!
+//! # Fair locks
+//!
+//! With [`LockOptions::fair`](dlock_core::LockOptions::fair) a waiter takes a place in
+//! the lock's queue (its place id is its request id) and is granted only when the lock
+//! is free and its place is first. Each look refreshes the place to lapse one ttl later,
+//! and a queued waiter looks again at least every third of its ttl, so a waiter whose
+//! process died is skipped within its own ttl: lapsed places are dropped as they reach
+//! the head, and waiters behind a head wake when its place would lapse. Giving up
+//! (a timeout, a cancellation, a give-back) removes the place at once.
+//!
+//! Wake-ups go to the head alone: the release that frees the lock publishes the first
+//! live place id on the wake-up channel of that waiter's client (`:wake:<client id>`;
+//! on the lock's `:released` channel when nobody queues), so only that client receives
+//! it, and it wakes only the waiter it names. A client's waiters on one lock share that
+//! subscription, so waiters that come and go while others wait cost no `SUBSCRIBE`. The
+//! head giving up its place while the lock is free wakes the next one the same way.
+//!
+//! While the queue has a live place, nobody overtakes it: a non-fair acquire is granted
+//! only at the head too, a `try_acquire` of a free lock with a queue finds it busy, and a
+//! blocking non-fair acquire that finds a queue takes a place at its end. Without a queue,
+//! non-fair acquires work as above (every waiter retries on the release message), which
+//! is cheaper when nobody asks for fairness. Re-entering a hold by its owner never
+//! queues. RedLock has no queue (its `fifo` capability is false).
 //!
 //! An uncontended acquire and release are two commands on one multiplexed connection.
 //!
@@ -180,7 +207,7 @@ pub mod scripts;
 use dlock_core::{Client, ClientConfig, LockError};
 
 pub use access::{AccessConfig, ServerAccess};
-pub use backend::{RedisBackend, CAPABILITIES};
+pub use backend::{RedisBackend, RedisTicket, CAPABILITIES};
 #[cfg(feature = "bench")]
 pub use baseline::RedisBaseline;
 pub use config::{Node, RedisConfig, ReplicaAck, Topology, SCHEMES};
@@ -190,7 +217,7 @@ pub use connection::{NodeSource, RedisConnection};
 pub use dlock_core::ConnectConfig;
 pub use hold::RedisHold;
 pub use keys::{KeyLayout, LockKeys};
-pub use redlock::{RedLockConfig, RedLockLocker};
+pub use redlock::{RedLockConfig, RedLockLocker, REDLOCK_CAPABILITIES};
 
 /// The connections of their own that grants and renewals take when they wait for
 /// replicas: `WAIT` blocks the connection it is sent on for up to its timeout.

@@ -53,9 +53,15 @@ struct State {
 
 #[derive(Default)]
 struct Channel {
-    waiters: HashMap<u64, Arc<Notify>>,
+    waiters: HashMap<u64, Waiter>,
     /// The server confirmed the subscription on the current connection.
     confirmed: bool,
+}
+
+struct Waiter {
+    notify: Arc<Notify>,
+    /// The only message that wakes it (besides reconnections), if it is particular.
+    payload: Option<String>,
 }
 
 enum Request {
@@ -121,16 +127,21 @@ impl Shared {
         dlock_core::backend::lock_unpoisoned(&self.state)
     }
 
-    /// Wakes the waiters of one channel, or of all.
-    fn wake(&self, channel: Option<&str>) {
+    /// Wakes the waiters of one channel, or of all; with a message, only those that wait
+    /// for any message or for that one.
+    fn wake(&self, channel: Option<&str>, message: Option<&[u8]>) {
         let state = self.state();
+        let wanted = |w: &&Waiter| match (&w.payload, message) {
+            (Some(payload), Some(message)) => payload.as_bytes() == message,
+            _ => true,
+        };
         match channel {
             Some(name) => {
                 if let Some(channel) = state.channels.get(name) {
-                    channel.waiters.values().for_each(|n| n.notify_one());
+                    channel.waiters.values().filter(wanted).for_each(|w| w.notify.notify_one());
                 }
             }
-            None => state.channels.values().flat_map(|c| c.waiters.values()).for_each(|n| n.notify_one()),
+            None => state.channels.values().flat_map(|c| c.waiters.values()).for_each(|w| w.notify.notify_one()),
         }
     }
 }
@@ -162,12 +173,44 @@ impl Subscriptions {
     /// for it earlier is woken when the confirmation comes after all, since a message may
     /// have gone unseen until then.
     pub fn register(&self, channel: &str, notify: Arc<Notify>) -> (Registration, Confirmation) {
+        self.register_for(channel, None, notify)
+    }
+
+    /// Registers for the messages on `channel` that are exactly `payload`, as
+    /// [`subscribe`](Self::subscribe) does for all of them: many waiters of one client
+    /// can share a channel and yet be woken one at a time.
+    pub async fn subscribe_for(&self, channel: &str, payload: &str) -> Registration {
+        let (registration, confirmation) =
+            self.register_for(channel, Some(payload.to_string()), Arc::new(Notify::new()));
+        confirmation.confirmed().await;
+        registration
+    }
+
+    /// As [`subscribe_for`](Self::subscribe_for), but only when the channel is subscribed
+    /// and confirmed already (another waiter of this client listens on it): then the
+    /// registration is in place at once, with no round trip.
+    pub fn subscribed_for(&self, channel: &str, payload: &str) -> Option<Registration> {
+        let notify = Arc::new(Notify::new());
+        let mut state = self.shared.state();
+        let id = state.next_id;
+        let entry = state.channels.get_mut(channel).filter(|c| c.confirmed)?;
+        entry.waiters.insert(id, Waiter { notify: notify.clone(), payload: Some(payload.to_string()) });
+        state.next_id += 1;
+        Some(Registration { shared: self.shared.clone(), channel: channel.to_string(), id, notify })
+    }
+
+    fn register_for(
+        &self,
+        channel: &str,
+        payload: Option<String>,
+        notify: Arc<Notify>,
+    ) -> (Registration, Confirmation) {
         let (id, confirmed) = {
             let mut state = self.shared.state();
             let id = state.next_id;
             state.next_id += 1;
             let entry = state.channels.entry(channel.to_string()).or_default();
-            entry.waiters.insert(id, notify.clone());
+            entry.waiters.insert(id, Waiter { notify: notify.clone(), payload });
             (id, entry.confirmed)
         };
         let registration = Registration { shared: self.shared.clone(), channel: channel.to_string(), id, notify };
@@ -285,7 +328,7 @@ impl Task {
             }
         }
         if wake_all {
-            shared.wake(None);
+            shared.wake(None, None);
         }
         Some((sink, stream))
     }
@@ -310,7 +353,7 @@ impl Task {
                     message = stream.next() => match message {
                         Some(message) => {
                             let Some(shared) = self.shared.upgrade() else { return Ended::Closed };
-                            shared.wake(Some(message.get_channel_name()));
+                            shared.wake(Some(message.get_channel_name()), Some(message.get_payload_bytes()));
                             None
                         }
                         None => return self.broken(),
@@ -379,6 +422,6 @@ impl Task {
 /// gone unseen: wake the channel's waiters to look again.
 fn confirm(shared: &Shared, channel: &str, done: oneshot::Sender<()>) {
     if done.send(()).is_err() {
-        shared.wake(Some(channel));
+        shared.wake(Some(channel), None);
     }
 }

@@ -10,7 +10,58 @@ use redis::{cmd, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisAr
 
 use crate::config::ReplicaAck;
 
-/// Grants when the hold is free or already the owner's, else reports the remaining ttl.
+/// The queue functions the single-server scripts share, put in front of each of them.
+///
+/// A waiter is woken on its client's wake-up channel of the lock, named after the place
+/// id up to its last `:` (a request id is `<client id>:<n>`), with the place id as the
+/// message: one subscription serves all the waiters of a client on one lock, and the
+/// client wakes only the waiter named.
+///
+/// A place lapses at the time stored for it in the places hash (server clock, in ms), so
+/// that a waiter that stopped coming back is skipped within its own ttl. Lapsed places are
+/// dropped when they reach the head; one further back stays until then (its waiter may
+/// still come back and refresh it, keeping its turn).
+const QUEUE_LIB: &str = r#"
+local function now_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function queue_head(queue, places, now)
+  local dropped = false
+  while true do
+    local id = redis.call('lindex', queue, 0)
+    if not id then
+      return false, dropped
+    end
+    if tonumber(redis.call('hget', places, id) or '0') > now then
+      return id, dropped
+    end
+    redis.call('lpop', queue)
+    redis.call('hdel', places, id)
+    dropped = true
+  end
+end
+local function leave_queue(queue, places, id)
+  if redis.call('hdel', places, id) == 1 then
+    redis.call('lrem', queue, 1, id)
+    return true
+  end
+  return false
+end
+local function wake(prefix, id)
+  redis.call('publish', prefix .. (string.match(id, '^(.*):[^:]*$') or id), id)
+end
+local function wake_head(queue, places, prefix)
+  local head = queue_head(queue, places, now_ms())
+  if head then
+    wake(prefix, head)
+  end
+  return head
+end
+"#;
+
+/// Grants when the hold is free or already the owner's and no other waiter queues ahead,
+/// else reports how long to wait, taking or keeping a place in the queue.
 ///
 /// Each grant is recorded under its own field (`grant:<request id>`), so that the call
 /// is idempotent (a second delivery of one request, by a retry or a client library that
@@ -18,11 +69,22 @@ use crate::config::ReplicaAck;
 /// request's grant, and only it, can be given back when its reply was lost. A request
 /// given back leaves a marker key (`void`) that refuses a late delivery of it.
 ///
-/// KEYS: hold, fence counter, void marker. ARGV: owner field, ttl in ms, grant field.
-/// Returns `{1, token}` when granted, `{0, pttl}` when busy (or given back already).
+/// While the queue has a live place, only its head is granted a free lock, whatever
+/// order the request asked for: a non-fair request cannot overtake queued fair ones. The
+/// place mode says when a busy request takes a place: `0` never (a try), `1` only when a
+/// queue exists already (a blocking non-fair request), `2` always (a blocking fair one).
+/// A request that has a place keeps it, refreshed to lapse a ttl from now. When dropping
+/// lapsed places leaves a free lock with a new head, that head is woken.
+///
+/// KEYS: hold, fence counter, void marker, queue, places. ARGV: owner field, ttl in ms,
+/// grant field, place id, place mode, wake-up channel prefix.
+/// Returns `{1, token}` when granted, `{0, wait, placed}` when busy (or given back
+/// already): `wait` is the hold's pttl, or the time until another waiter's place at the
+/// head lapses if that comes first (a dead head is then skipped without waiting for the
+/// holder); `placed` is 1 when the request has a place in the queue.
 const ACQUIRE: &str = r#"
 if redis.call('exists', KEYS[3]) == 1 then
-  return {0, redis.call('pttl', KEYS[1])}
+  return {0, redis.call('pttl', KEYS[1]), 0}
 end
 if redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
   return {1, redis.call('hget', KEYS[1], 'token')}
@@ -34,15 +96,47 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   if redis.call('pttl', KEYS[1]) < ttl then
     redis.call('pexpire', KEYS[1], ttl)
   end
+  leave_queue(KEYS[4], KEYS[5], ARGV[4])
   return {1, redis.call('hget', KEYS[1], 'token')}
 end
-if redis.call('exists', KEYS[1]) == 1 then
-  return {0, redis.call('pttl', KEYS[1])}
+local now = now_ms()
+local head, dropped = queue_head(KEYS[4], KEYS[5], now)
+local held = redis.call('exists', KEYS[1]) == 1
+if not held and (not head or head == ARGV[4]) then
+  if head then
+    leave_queue(KEYS[4], KEYS[5], ARGV[4])
+  end
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], ARGV[1], 1, 'token', token, ARGV[3], 1)
+  redis.call('pexpire', KEYS[1], ttl)
+  return {1, token}
 end
-local token = redis.call('incr', KEYS[2])
-redis.call('hset', KEYS[1], ARGV[1], 1, 'token', token, ARGV[3], 1)
-redis.call('pexpire', KEYS[1], ttl)
-return {1, token}
+local placed = 0
+if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2' or (ARGV[5] == '1' and head) then
+  if redis.call('hset', KEYS[5], ARGV[4], string.format('%d', now + ttl)) == 1 then
+    redis.call('rpush', KEYS[4], ARGV[4])
+  end
+  for _, key in ipairs({KEYS[4], KEYS[5]}) do
+    if redis.call('pttl', key) < ttl then
+      redis.call('pexpire', key, ttl)
+    end
+  end
+  placed = 1
+end
+if held then
+  local wait = redis.call('pttl', KEYS[1])
+  if head and head ~= ARGV[4] then
+    local lapses = tonumber(redis.call('hget', KEYS[5], head)) - now
+    if wait < 0 or lapses < wait then
+      wait = lapses
+    end
+  end
+  return {0, wait, placed}
+end
+if dropped then
+  wake(ARGV[6], head)
+end
+return {0, tonumber(redis.call('hget', KEYS[5], head)) - now, placed}
 "#;
 
 /// Keeps the hold of one grant (with this token) for at least the ttl from now.
@@ -69,13 +163,15 @@ return 1
 "#;
 
 /// Releases one grant of the hold (with this token); the owner's last one frees the lock
-/// and publishes the token on the lock's channel. Idempotent per grant: a second delivery
-/// finds the grant gone and changes nothing.
+/// and publishes the token: to the head of the queue alone when waiters queue, else on
+/// the lock's channel. Idempotent per grant: a second delivery finds the grant gone and
+/// changes nothing.
 ///
 /// The last release deletes the hash first: `DEL` is allowed when the server is out of
 /// memory (`HINCRBY` is not), so unlocking keeps working then.
 ///
-/// KEYS: hold. ARGV: owner field, token, channel, grant field.
+/// KEYS: hold, queue, places. ARGV: owner field, token, channel, grant field, wake-up
+/// channel prefix.
 /// Returns 1 when released, 2 when the hold is there but this grant was released
 /// already, 0 when the hold is not ours.
 const RELEASE: &str = r#"
@@ -87,7 +183,9 @@ if redis.call('hexists', KEYS[1], ARGV[4]) == 0 then
 end
 if tonumber(redis.call('hget', KEYS[1], ARGV[1])) <= 1 then
   redis.call('del', KEYS[1])
-  redis.call('publish', ARGV[3], ARGV[2])
+  if not wake_head(KEYS[2], KEYS[3], ARGV[5]) then
+    redis.call('publish', ARGV[3], ARGV[2])
+  end
   return 1
 end
 redis.call('hincrby', KEYS[1], ARGV[1], -1)
@@ -96,26 +194,52 @@ return 1
 "#;
 
 /// Gives back whatever grant one request may have made (its reply was lost), whichever
-/// token it has, and marks the request given back so that a late delivery of it grants
-/// nothing. Another holder, and the owner's other grants, are never touched.
+/// token it has, gives up the request's place in the queue, and marks the request given
+/// back so that a late delivery of it grants nothing. Another holder, and the owner's
+/// other grants, are never touched. When this frees the lock, or removes the head of the
+/// queue of a free lock, the (new) head is woken.
 ///
-/// KEYS: hold, void marker. ARGV: owner field, grant field, channel, marker ttl in ms.
+/// KEYS: hold, void marker, queue, places. ARGV: owner field, grant field, channel,
+/// marker ttl in ms, place id, wake-up channel prefix.
 /// Returns 1 when a grant was given back, 0 when there was none.
 const GIVE_BACK: &str = r#"
 local given = 0
+local token = false
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   given = 1
   if tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0') <= 1 then
-    local token = redis.call('hget', KEYS[1], 'token') or '0'
+    token = redis.call('hget', KEYS[1], 'token') or '0'
     redis.call('del', KEYS[1])
-    redis.call('publish', ARGV[3], token)
   else
     redis.call('hincrby', KEYS[1], ARGV[1], -1)
     redis.call('hdel', KEYS[1], ARGV[2])
   end
 end
+local was_head = redis.call('lindex', KEYS[3], 0) == ARGV[5]
+leave_queue(KEYS[3], KEYS[4], ARGV[5])
+if token or (was_head and redis.call('exists', KEYS[1]) == 0) then
+  if not wake_head(KEYS[3], KEYS[4], ARGV[6]) and token then
+    redis.call('publish', ARGV[3], token)
+  end
+end
 redis.pcall('set', KEYS[2], 1, 'px', ARGV[4])
 return given
+"#;
+
+/// Gives up a waiter's place in the queue; when it was the head and the lock is free,
+/// the new head is woken (it would otherwise wait for the old head's place to lapse).
+///
+/// KEYS: hold, queue, places. ARGV: place id, wake-up channel prefix.
+/// Returns 1 when the place was there, 0 when not.
+const ABANDON: &str = r#"
+local was_head = redis.call('lindex', KEYS[2], 0) == ARGV[1]
+if not leave_queue(KEYS[2], KEYS[3], ARGV[1]) then
+  return 0
+end
+if was_head and redis.call('exists', KEYS[1]) == 0 then
+  wake_head(KEYS[2], KEYS[3], ARGV[2])
+end
+return 1
 "#;
 
 /// One RedLock node's part of a grant with a token proposed by the client: granted only
@@ -196,6 +320,36 @@ end
 return {owner, count, token, redis.call('pttl', KEYS[1])}
 "#;
 
+/// Reads the hold and the number of live places in the queue in one consistent view.
+///
+/// KEYS: hold, places. Returns `{waiters}` when free, else
+/// `{waiters, owner, count, token, pttl}`.
+const INSPECT_QUEUE: &str = r#"
+local now = now_ms()
+local waiters = 0
+local places = redis.call('hvals', KEYS[2])
+for i = 1, #places do
+  if tonumber(places[i]) > now then
+    waiters = waiters + 1
+  end
+end
+local fields = redis.call('hgetall', KEYS[1])
+local owner, count, token = false, 0, '0'
+for i = 1, #fields, 2 do
+  local field = fields[i]
+  if field == 'token' then
+    token = fields[i + 1]
+  elseif string.sub(field, 1, 6) == 'owner:' then
+    owner = string.sub(field, 7)
+    count = tonumber(fields[i + 1])
+  end
+end
+if not owner then
+  return {waiters}
+end
+return {waiters, owner, count, token, redis.call('pttl', KEYS[1])}
+"#;
+
 /// The scripts, hashed once per process.
 pub struct Scripts {
     /// See the acquire script.
@@ -208,6 +362,10 @@ pub struct Scripts {
     pub give_back: Script,
     /// See the inspect script.
     pub inspect: Script,
+    /// See the abandon script.
+    pub abandon: Script,
+    /// See the inspect script that counts the queue too.
+    pub inspect_queue: Script,
     /// See the grant script (one RedLock node's part of a grant).
     pub grant: Script,
 }
@@ -218,13 +376,18 @@ impl std::fmt::Debug for Scripts {
     }
 }
 
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(ACQUIRE),
-    renew: Script::new(RENEW),
-    release: Script::new(RELEASE),
-    give_back: Script::new(GIVE_BACK),
-    inspect: Script::new(INSPECT),
-    grant: Script::new(GRANT),
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+    let queued = |body: &str| Script::new(&format!("{QUEUE_LIB}{body}"));
+    Scripts {
+        acquire: queued(ACQUIRE),
+        renew: Script::new(RENEW),
+        release: queued(RELEASE),
+        give_back: queued(GIVE_BACK),
+        inspect: Script::new(INSPECT),
+        abandon: queued(ABANDON),
+        inspect_queue: queued(INSPECT_QUEUE),
+        grant: Script::new(GRANT),
+    }
 });
 
 /// The scripts of this crate.
@@ -234,8 +397,17 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Every script, for loading them up front.
-    pub fn all(&self) -> [&Script; 6] {
-        [&self.acquire, &self.renew, &self.release, &self.give_back, &self.inspect, &self.grant]
+    pub fn all(&self) -> [&Script; 8] {
+        [
+            &self.acquire,
+            &self.renew,
+            &self.release,
+            &self.give_back,
+            &self.inspect,
+            &self.abandon,
+            &self.inspect_queue,
+            &self.grant,
+        ]
     }
 
     /// `SCRIPT LOAD`s every script, the [result scripts](crate::results) too (on every
@@ -343,21 +515,43 @@ pub fn ttl_millis(ttl: Duration) -> u64 {
 pub enum AcquireReply {
     /// Granted with this token.
     Granted(u64),
-    /// Held by someone else for this much longer (`None`: the hold has no expiry).
-    Busy(Option<Duration>),
+    /// Not granted.
+    Busy {
+        /// How long to wait before trying again: the hold's remaining ttl, or the rest
+        /// of the place of another waiter first in the queue when that ends sooner or
+        /// the lock is free (`None`: the hold has no expiry and nobody else queues).
+        left: Option<Duration>,
+        /// Whether the request has a place in the queue.
+        queued: bool,
+    },
 }
 
 impl AcquireReply {
-    /// Reads the script's `{1, token}` or `{0, pttl}`.
+    /// Reads the script's `{1, token}` or `{0, wait, placed}` (`placed` may be missing:
+    /// then the request has no place).
     pub fn parse(reply: Value) -> RedisResult<Self> {
-        let (granted, n): (i64, i64) = redis::from_redis_value(reply)?;
-        Ok(match (granted, n) {
-            (1, token) if token > 0 => AcquireReply::Granted(token as u64),
-            (0, pttl) if pttl >= 0 => AcquireReply::Busy(Some(Duration::from_millis(pttl as u64))),
-            (0, _) => AcquireReply::Busy(None),
-            _ => return Err(unexpected("acquire", &format!("{{{granted}, {n}}}"))),
+        let fields: Vec<i64> = redis::from_redis_value(reply)?;
+        Ok(match fields[..] {
+            [1, token] if token > 0 => AcquireReply::Granted(token as u64),
+            [0, wait] | [0, wait, 0] => {
+                AcquireReply::Busy { left: u64::try_from(wait).ok().map(Duration::from_millis), queued: false }
+            }
+            [0, wait, 1] => {
+                AcquireReply::Busy { left: u64::try_from(wait).ok().map(Duration::from_millis), queued: true }
+            }
+            _ => return Err(unexpected("acquire", &format!("{fields:?}"))),
         })
     }
+}
+
+/// The inspect-with-queue script's answer: the live places and the hold.
+pub fn parse_inspect_queue(reply: Value) -> RedisResult<(usize, Option<HoldView>)> {
+    let mut fields: Vec<Value> = redis::from_redis_value(reply)?;
+    if fields.is_empty() {
+        return Err(unexpected("inspect", "{}"));
+    }
+    let waiters: usize = redis::from_redis_value(fields.remove(0))?;
+    Ok((waiters, HoldView::parse(Value::Array(fields))?))
 }
 
 /// What one node answered to the grant script.
@@ -511,7 +705,7 @@ mod tests {
 
     #[test]
     fn scripts_use_the_documented_field_names() {
-        for script in [ACQUIRE, RENEW, RELEASE, GIVE_BACK, INSPECT, GRANT] {
+        for script in [ACQUIRE, RENEW, RELEASE, GIVE_BACK, INSPECT, INSPECT_QUEUE, GRANT] {
             assert!(script.contains(&format!("'{TOKEN_FIELD}'")));
         }
         assert!(INSPECT.contains(&format!("'{OWNER_FIELD_PREFIX}'")));
@@ -524,10 +718,15 @@ mod tests {
         assert_eq!(AcquireReply::parse(Value::Array(vec![int(1), int(7)])).unwrap(), AcquireReply::Granted(7));
         assert_eq!(
             AcquireReply::parse(Value::Array(vec![int(0), int(250)])).unwrap(),
-            AcquireReply::Busy(Some(Duration::from_millis(250)))
+            AcquireReply::Busy { left: Some(Duration::from_millis(250)), queued: false }
         );
-        assert_eq!(AcquireReply::parse(Value::Array(vec![int(0), int(-1)])).unwrap(), AcquireReply::Busy(None));
+        assert_eq!(
+            AcquireReply::parse(Value::Array(vec![int(0), int(-1), int(1)])).unwrap(),
+            AcquireReply::Busy { left: None, queued: true }
+        );
         assert!(AcquireReply::parse(Value::Array(vec![int(2), int(1)])).is_err());
+        assert!(AcquireReply::parse(Value::Array(vec![int(0), int(1), int(2)])).is_err());
+        assert_eq!(parse_inspect_queue(Value::Array(vec![int(3)])).unwrap(), (3, None));
         assert_eq!(RenewReply::parse(int(-1)).unwrap(), RenewReply::Stolen);
         assert_eq!(ReleaseReply::parse(int(1)).unwrap(), ReleaseReply::Released);
         assert_eq!(ReleaseReply::parse(int(2)).unwrap(), ReleaseReply::AlreadyReleased);

@@ -107,17 +107,22 @@ async fn a_store_delivered_twice_stores_once() {
     let keys = KeyLayout::new("dlock").unwrap().lock(&LockName::new("resent").unwrap());
     let owner = "owner:job-7";
     let acquire = |grant: &str| {
-        Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &format!("{}:void:{grant}", keys.hold)])
+        let void = format!("{}:void:{grant}", keys.hold);
+        Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void, &keys.queue, &keys.places])
             .arg(owner)
             .arg(30_000)
             .arg(format!("grant:{grant}"))
+            .arg(grant)
+            .arg("0")
+            .arg(&keys.wake_prefix)
     };
     let release = |grant: &str, token: u64| {
-        Invocation::new(&scripts().release, &[&keys.hold])
+        Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places])
             .arg(owner)
             .arg(token.to_string())
             .arg(&keys.channel)
             .arg(format!("grant:{grant}"))
+            .arg(&keys.wake_prefix)
     };
     let store = |grant: &str, token: u64, call: &str, value: &str| {
         Invocation::new(&result_scripts().store, &[&keys.hold, &keys.result()])

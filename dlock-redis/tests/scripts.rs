@@ -30,17 +30,22 @@ async fn acquires_and_releases_sent_twice_count_once() {
     let keys = KeyLayout::new("dlock").unwrap().lock(&LockName::new("resent").unwrap());
     let owner = "owner:job-7";
     let acquire = |grant: &str| {
-        Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &format!("{}:void:{grant}", keys.hold)])
+        let void = format!("{}:void:{grant}", keys.hold);
+        Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void, &keys.queue, &keys.places])
             .arg(owner)
             .arg(30_000)
             .arg(format!("grant:{grant}"))
+            .arg(grant)
+            .arg("0")
+            .arg(&keys.wake_prefix)
     };
     let release = |grant: &str, token: u64| {
-        Invocation::new(&scripts().release, &[&keys.hold])
+        Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places])
             .arg(owner)
             .arg(token.to_string())
             .arg(&keys.channel)
             .arg(format!("grant:{grant}"))
+            .arg(&keys.wake_prefix)
     };
 
     // One grant, its call delivered twice: one hold.
@@ -74,20 +79,25 @@ async fn a_grant_given_back_is_not_made_by_a_late_delivery() {
     let mut conn = connection(&server).await;
     let keys = KeyLayout::new("dlock").unwrap().lock(&LockName::new("late").unwrap());
     let void = format!("{}:void:r:1", keys.hold);
-    let give_back = Invocation::new(&scripts().give_back, &[&keys.hold, &void])
+    let give_back = Invocation::new(&scripts().give_back, &[&keys.hold, &void, &keys.queue, &keys.places])
         .arg("owner:r:1")
         .arg("grant:r:1")
         .arg(&keys.channel)
-        .arg(30_000);
-    let acquire = Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void])
+        .arg(30_000)
+        .arg("r:1")
+        .arg(&keys.wake_prefix);
+    let acquire = Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void, &keys.queue, &keys.places])
         .arg("owner:r:1")
         .arg(30_000)
-        .arg("grant:r:1");
+        .arg("grant:r:1")
+        .arg("r:1")
+        .arg("2")
+        .arg(&keys.wake_prefix);
     let given: i64 = redis::from_redis_value(give_back.run(&mut conn).await.unwrap()).unwrap();
     assert_eq!(given, 0, "nothing was granted yet");
     // The acquire arrives after its give-back (held up on another connection).
     let reply = AcquireReply::parse(acquire.run(&mut conn).await.unwrap()).unwrap();
-    assert!(matches!(reply, AcquireReply::Busy(_)), "{reply:?}");
+    assert!(matches!(reply, AcquireReply::Busy { queued: false, .. }), "{reply:?}");
     let exists: bool = redis::cmd("EXISTS").arg(&keys.hold).query_async(&mut conn).await.unwrap();
     assert!(!exists, "a late acquire of a request given back made a hold");
 }

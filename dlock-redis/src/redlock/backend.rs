@@ -18,12 +18,25 @@ use super::quorum::{
     renewal_done, unreachable, Answer, GrantAnswers, GrantOutcome,
 };
 use super::token::Proposer;
-use crate::backend::{give_back_call, release_call, renew_call, CAPABILITIES};
+use crate::backend::{give_back_call, release_call, renew_call};
 use crate::config::Node;
 use crate::hold::{holder, RedisHold};
 use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::Registration;
 use crate::scripts::{scripts, ttl_millis, GrantReply, HoldView, Invocation, ReleaseReply, RenewReply};
+
+/// What RedLock can do: everything but FIFO grants and queue lengths (waiters are not
+/// queued on the masters; each retries when woken).
+pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
+    reentrant: true,
+    fifo: false,
+    notify: true,
+    ttl: true,
+    fixed: true,
+    extend: true,
+    queue_length: false,
+    results: true,
+};
 
 /// The RedLock backend of one client: the masters, the key layout (the same as a single
 /// server's, on every node), and the settings that shape each operation.
@@ -412,7 +425,7 @@ impl Backend for RedLockBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+        REDLOCK_CAPABILITIES
     }
 
     async fn attempt(

@@ -133,7 +133,7 @@ pub mod token;
 
 use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
 
-pub use backend::{RedLockBackend, RedLockHold, RedLockTicket};
+pub use backend::{RedLockBackend, RedLockHold, RedLockTicket, REDLOCK_CAPABILITIES};
 #[cfg(feature = "bench")]
 pub use baseline::RedLockBaseline;
 pub use config::{RedLockConfig, TokenSource, DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_DELAY, SCHEMES};
