@@ -10,6 +10,7 @@ use clap::Args;
 use dlock::{ClientConfig, Locker};
 use dlock_conformance::properties::{cases, Case};
 use dlock_conformance::{Fixture, Needs, Timing};
+use dlock_core::backend::lock_unpoisoned;
 
 use crate::exit::Failure;
 use crate::{duration_arg, target};
@@ -77,7 +78,7 @@ pub(crate) async fn check(url: Option<String>, args: CheckArgs) -> Result<ExitCo
             Ok(()) => ("pass", String::new()),
             Err(_) => {
                 failed += 1;
-                let message = panics.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default();
+                let message = lock_unpoisoned(&panics).take().unwrap_or_default();
                 ("FAIL", message.lines().next().unwrap_or_default().to_string())
             }
         };
@@ -102,7 +103,7 @@ fn capture_panic_messages() -> Arc<Mutex<Option<String>>> {
             .cloned()
             .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "panic".to_string());
-        *hook_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
+        *lock_unpoisoned(&hook_slot) = Some(text);
     }));
     slot
 }

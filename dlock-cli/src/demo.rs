@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::Args;
 use dlock::{FencingToken, LockName, LockOptions, Locker};
+use dlock_core::backend::lock_unpoisoned;
 
 use crate::exit::{Failure, UNAVAILABLE};
 
@@ -32,15 +33,15 @@ struct Stock {
 
 impl Stock {
     fn read(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).0
+        lock_unpoisoned(&self.state).0
     }
 
     fn write(&self, value: u64) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).0 = value;
+        lock_unpoisoned(&self.state).0 = value;
     }
 
     fn write_fenced(&self, token: FencingToken, value: u64) -> Result<(), FencingToken> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock_unpoisoned(&self.state);
         match state.1 {
             Some(newest) if token < newest => Err(newest),
             _ => {

@@ -17,6 +17,8 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinHandle;
 
+use dlock_core::backend::lock_unpoisoned;
+
 use crate::exit::{Failure, ALREADY_RAN, LOST, TEMPFAIL, UNAVAILABLE};
 use crate::{duration_arg, target};
 
@@ -230,7 +232,7 @@ async fn run_once(
         }
     };
     let outcome = idempotent(locker, key, &settings, work, || OnceRecord { status: -1, finished_unix_ms: 0 }).await;
-    let stop = stopping.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let stop = lock_unpoisoned(&stopping).take();
     if let Some(stop) = stop {
         let _ = stop.await;
     }
@@ -284,7 +286,7 @@ impl Drop for Running {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let stop = tokio::spawn(async move { stop(&mut child).await });
-            *self.stopping.lock().unwrap_or_else(|p| p.into_inner()) = Some(stop);
+            *lock_unpoisoned(&self.stopping) = Some(stop);
         }
     }
 }

@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use dlock_core::backend::lock_unpoisoned;
 use dlock_core::FencingToken;
 
 /// The operations the checker knows.
@@ -129,18 +130,18 @@ impl History {
     /// Appends an event stamped with the current time.
     pub fn record(&self, process: usize, op: Op, phase: Phase, token: Option<FencingToken>) {
         let at = self.start.elapsed();
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(Event { process, op, phase, at, token });
+        lock_unpoisoned(&self.events).push(Event { process, op, phase, at, token });
     }
 
     /// Appends an event stamped elsewhere: by another process whose monotonic clock is
     /// this one's (as on one machine), counted from the moment this history began.
     pub fn record_at(&self, event: Event) {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+        lock_unpoisoned(&self.events).push(event);
     }
 
     /// A copy of every event so far, in recording order.
     pub fn events(&self) -> Vec<Event> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock_unpoisoned(&self.events).clone()
     }
 
     /// The holds the history shows, in grant order.
@@ -232,7 +233,7 @@ impl FencedRegister {
     /// Writes `value` if `token` is not lower than any token accepted before.
     pub fn write(&self, process: usize, token: FencingToken, value: u64) -> Result<(), StaleToken> {
         self.history.record(process, Op::Write, Phase::Invoke, Some(token));
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock_unpoisoned(&self.state);
         if let Some(highest) = state.0 {
             if token < highest {
                 drop(state);
@@ -248,7 +249,7 @@ impl FencedRegister {
 
     /// The last value written.
     pub fn value(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).1
+        lock_unpoisoned(&self.state).1
     }
 }
 

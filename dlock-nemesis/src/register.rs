@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use dlock::FencingToken;
 use dlock_conformance::history::{FencedRegister, History};
+use dlock_core::backend::lock_unpoisoned;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -64,7 +65,7 @@ async fn serve(socket: TcpStream, shared: Shared) {
         let [process, token, at, valid_until] = fields[..] else { break };
         let token = FencingToken::new(token);
         let process = process as usize;
-        claims.lock().unwrap_or_else(|p| p.into_inner()).push(Claim {
+        lock_unpoisoned(claims).push(Claim {
             process,
             token,
             at: Duration::from_nanos(at),

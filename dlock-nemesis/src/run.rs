@@ -10,6 +10,7 @@ use std::time::Duration;
 use dlock::FencingToken;
 use dlock_conformance::history::{Event, History, Op, Phase};
 use dlock_conformance::Fault;
+use dlock_core::backend::lock_unpoisoned;
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::{CommandSpec, ServerProcess};
 
@@ -117,7 +118,7 @@ pub(crate) async fn run(args: &RunArgs) -> Result<Verdict, BoxError> {
     for event in events {
         history.record_at(event);
     }
-    let claims = register.claims.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let claims = lock_unpoisoned(&register.claims).clone();
     Ok(Verdict::judge(args.seed, target, args.duration, &history, &claims, lost, acquire_errors))
 }
 

@@ -20,6 +20,8 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use dlock_core::backend::lock_unpoisoned;
+
 /// The URL of an external server to use instead of starting one, from
 /// `DLOCK_TEST_<KIND>_URL` (for instance `DLOCK_TEST_REDIS_URL`), if set and not empty.
 pub fn external_url(kind: &str) -> Option<String> {
@@ -44,7 +46,7 @@ pub fn free_port() -> io::Result<u16> {
             File::options().create(true).truncate(false).write(true).open(dir.join(format!("{port}.lock")))?;
         match reservation.try_lock() {
             Ok(()) => {
-                RESERVED.lock().unwrap_or_else(|p| p.into_inner()).push(reservation);
+                lock_unpoisoned(&RESERVED).push(reservation);
                 return Ok(port);
             }
             Err(std::fs::TryLockError::WouldBlock) => continue,
@@ -445,11 +447,7 @@ fn spawn_tied_to_process(cmd: Command) -> io::Result<Child> {
         Mutex::new(tx)
     });
     let (reply_tx, reply_rx) = mpsc::channel();
-    sender
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .send((cmd, reply_tx))
-        .map_err(|_| io::Error::other("spawner thread is gone"))?;
+    lock_unpoisoned(sender).send((cmd, reply_tx)).map_err(|_| io::Error::other("spawner thread is gone"))?;
     reply_rx.recv().map_err(|_| io::Error::other("spawner thread is gone"))?
 }
 
