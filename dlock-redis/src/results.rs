@@ -24,7 +24,7 @@ use redis::{ErrorKind, RedisResult, Script, Value};
 use crate::error::to_lock_error;
 use crate::hold::RedisHold;
 use crate::keys::LockKeys;
-use crate::scripts::{ttl_millis, Invocation};
+use crate::scripts::{ttl_millis, Invocation, ABOVE_LIB};
 
 /// Stores a result if the hold is this grant's and no result of this token or a later one
 /// is there; a second delivery of the same call answers as the first did.
@@ -40,12 +40,6 @@ use crate::scripts::{ttl_millis, Invocation};
 /// Returns 1 when stored, 2 when this call stored it already, 0 when the hold is not
 /// this grant's, -1 when a result of this token or a later one is stored.
 const STORE: &str = r#"
-local function above(a, b)
-  if #a ~= #b then
-    return #a > #b
-  end
-  return a > b
-end
 if redis.call('hget', KEYS[2], 'call') == ARGV[4] then
   return 2
 end
@@ -91,7 +85,7 @@ impl std::fmt::Debug for ResultScripts {
 }
 
 static SCRIPTS: LazyLock<ResultScripts> =
-    LazyLock::new(|| ResultScripts { store: Script::new(STORE), load: Script::new(LOAD) });
+    LazyLock::new(|| ResultScripts { store: Script::new(&format!("{ABOVE_LIB}{STORE}")), load: Script::new(LOAD) });
 
 /// The result scripts of this crate.
 pub fn scripts() -> &'static ResultScripts {

@@ -10,6 +10,36 @@ use redis::{cmd, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisAr
 
 use crate::config::ReplicaAck;
 
+/// Compares two decimal tokens of any length as numbers: a longer one is larger, else
+/// the text order decides (Lua's numbers lose precision above 2^53).
+pub(crate) const ABOVE_LIB: &str = r#"
+local function above(a, b)
+  if #a ~= #b then
+    return #a > #b
+  end
+  return a > b
+end
+"#;
+
+/// Reads a hold's owner, re-entrant count and token (as stored) from its hash; the owner
+/// is `false` when the lock is free.
+const HOLD_LIB: &str = r#"
+local function read_hold(key)
+  local fields = redis.call('hgetall', key)
+  local owner, count, token = false, 0, '0'
+  for i = 1, #fields, 2 do
+    local field = fields[i]
+    if field == 'token' then
+      token = fields[i + 1]
+    elseif string.sub(field, 1, 6) == 'owner:' then
+      owner = string.sub(field, 7)
+      count = tonumber(fields[i + 1])
+    end
+  end
+  return owner, count, token
+end
+"#;
+
 /// The queue functions the single-server scripts share, put in front of each of them.
 ///
 /// A waiter is woken on its client's wake-up channel of the lock, named after the place
@@ -260,12 +290,6 @@ return 1
 /// split vote), `{-1, fence}` the proposal is not above the counter; `fence` is the
 /// counter after the call.
 const GRANT: &str = r#"
-local function above(a, b)
-  if #a ~= #b then
-    return #a > #b
-  end
-  return a > b
-end
 local fence = redis.call('get', KEYS[2]) or '0'
 if redis.call('exists', KEYS[3]) == 1 then
   return {0, redis.call('pttl', KEYS[1]), fence, redis.call('hget', KEYS[1], 'token') or '0'}
@@ -303,17 +327,7 @@ return {1, ARGV[2], ARGV[2]}
 /// KEYS: hold. Returns `{}` when free, else `{owner, count, token, pttl}` (the token as
 /// stored, a decimal string).
 const INSPECT: &str = r#"
-local fields = redis.call('hgetall', KEYS[1])
-local owner, count, token = false, 0, '0'
-for i = 1, #fields, 2 do
-  local field = fields[i]
-  if field == 'token' then
-    token = fields[i + 1]
-  elseif string.sub(field, 1, 6) == 'owner:' then
-    owner = string.sub(field, 7)
-    count = tonumber(fields[i + 1])
-  end
-end
+local owner, count, token = read_hold(KEYS[1])
 if not owner then
   return {}
 end
@@ -333,17 +347,7 @@ for i = 1, #places do
     waiters = waiters + 1
   end
 end
-local fields = redis.call('hgetall', KEYS[1])
-local owner, count, token = false, 0, '0'
-for i = 1, #fields, 2 do
-  local field = fields[i]
-  if field == 'token' then
-    token = fields[i + 1]
-  elseif string.sub(field, 1, 6) == 'owner:' then
-    owner = string.sub(field, 7)
-    count = tonumber(fields[i + 1])
-  end
-end
+local owner, count, token = read_hold(KEYS[1])
 if not owner then
   return {waiters}
 end
@@ -383,10 +387,10 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         renew: Script::new(RENEW),
         release: queued(RELEASE),
         give_back: queued(GIVE_BACK),
-        inspect: Script::new(INSPECT),
+        inspect: Script::new(&format!("{HOLD_LIB}{INSPECT}")),
         abandon: queued(ABANDON),
-        inspect_queue: queued(INSPECT_QUEUE),
-        grant: Script::new(GRANT),
+        inspect_queue: Script::new(&format!("{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
+        grant: Script::new(&format!("{ABOVE_LIB}{GRANT}")),
     }
 });
 
@@ -705,11 +709,11 @@ mod tests {
 
     #[test]
     fn scripts_use_the_documented_field_names() {
-        for script in [ACQUIRE, RENEW, RELEASE, GIVE_BACK, INSPECT, INSPECT_QUEUE, GRANT] {
+        for script in [ACQUIRE, RENEW, RELEASE, GIVE_BACK, HOLD_LIB, GRANT] {
             assert!(script.contains(&format!("'{TOKEN_FIELD}'")));
         }
-        assert!(INSPECT.contains(&format!("'{OWNER_FIELD_PREFIX}'")));
-        assert!(INSPECT.contains(&format!("string.sub(field, {})", OWNER_FIELD_PREFIX.len() + 1)));
+        assert!(HOLD_LIB.contains(&format!("'{OWNER_FIELD_PREFIX}'")));
+        assert!(HOLD_LIB.contains(&format!("string.sub(field, {})", OWNER_FIELD_PREFIX.len() + 1)));
     }
 
     #[test]
