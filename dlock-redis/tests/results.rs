@@ -9,7 +9,7 @@ use std::time::Duration;
 use dlock_conformance::properties::eventually;
 use dlock_core::{LockError, LockName, LockOptions, Locker, OwnerId};
 use dlock_redis::results::{scripts as result_scripts, ResultRecord, StoreReply};
-use dlock_redis::scripts::{scripts, AcquireReply, Invocation, ReleaseReply};
+use dlock_redis::scripts::{AcquireReply, Invocation, ReleaseReply};
 use dlock_redis::{ConnectConfig, KeyLayout, RedisConfig};
 use dlock_testkit::supervisor::redis::{cli, RedisCluster, RedisConfig as ServerConfig, RedisServer};
 use redis::aio::MultiplexedConnection;
@@ -106,24 +106,8 @@ async fn a_store_delivered_twice_stores_once() {
     let mut conn = connection(&server).await;
     let keys = KeyLayout::new("dlock").unwrap().lock(&LockName::new("resent").unwrap());
     let owner = "owner:job-7";
-    let acquire = |grant: &str| {
-        let void = format!("{}:void:{grant}", keys.hold);
-        Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void, &keys.queue, &keys.places])
-            .arg(owner)
-            .arg(30_000)
-            .arg(format!("grant:{grant}"))
-            .arg(grant)
-            .arg("0")
-            .arg(&keys.wake_prefix)
-    };
-    let release = |grant: &str, token: u64| {
-        Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places])
-            .arg(owner)
-            .arg(token.to_string())
-            .arg(&keys.channel)
-            .arg(format!("grant:{grant}"))
-            .arg(&keys.wake_prefix)
-    };
+    let acquire = |grant: &str| support::acquire_call(&keys, owner, grant);
+    let release = |grant: &str, token: u64| support::release_call(&keys, owner, grant, token);
     let store = |grant: &str, token: u64, call: &str, value: &str| {
         Invocation::new(&result_scripts().store, &[&keys.hold, &keys.result()])
             .arg(owner)

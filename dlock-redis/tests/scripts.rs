@@ -29,24 +29,8 @@ async fn acquires_and_releases_sent_twice_count_once() {
     let mut conn = connection(&server).await;
     let keys = KeyLayout::new("dlock").unwrap().lock(&LockName::new("resent").unwrap());
     let owner = "owner:job-7";
-    let acquire = |grant: &str| {
-        let void = format!("{}:void:{grant}", keys.hold);
-        Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void, &keys.queue, &keys.places])
-            .arg(owner)
-            .arg(30_000)
-            .arg(format!("grant:{grant}"))
-            .arg(grant)
-            .arg("0")
-            .arg(&keys.wake_prefix)
-    };
-    let release = |grant: &str, token: u64| {
-        Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places])
-            .arg(owner)
-            .arg(token.to_string())
-            .arg(&keys.channel)
-            .arg(format!("grant:{grant}"))
-            .arg(&keys.wake_prefix)
-    };
+    let acquire = |grant: &str| support::acquire_call(&keys, owner, grant);
+    let release = |grant: &str, token: u64| support::release_call(&keys, owner, grant, token);
 
     // One grant, its call delivered twice: one hold.
     let first = AcquireReply::parse(acquire("a:1").run(&mut conn).await.unwrap()).unwrap();

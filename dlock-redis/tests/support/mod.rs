@@ -12,7 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
 use dlock_core::{LockError, LockName, Locker};
-use dlock_redis::{AccessConfig, ConnectConfig, RedisConfig, Topology};
+use dlock_redis::scripts::{scripts, Invocation};
+use dlock_redis::{AccessConfig, ConnectConfig, LockKeys, RedisConfig, Topology};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::external_url;
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
@@ -184,4 +185,27 @@ impl Restart for RedisFixture {
     async fn start_backend(&self) {
         self.with_server("restarting the backend", |server| server.start_again().expect("restart redis-server"));
     }
+}
+
+/// The acquire script call the backend sends for `grant` of `owner` (a 30 s ttl, no place
+/// in the queue), for tests that play the server's side of a re-sent call.
+pub(crate) fn acquire_call(keys: &LockKeys, owner: &str, grant: &str) -> Invocation {
+    let void = format!("{}:void:{grant}", keys.hold);
+    Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void, &keys.queue, &keys.places])
+        .arg(owner)
+        .arg(30_000)
+        .arg(format!("grant:{grant}"))
+        .arg(grant)
+        .arg("0")
+        .arg(&keys.wake_prefix)
+}
+
+/// The release script call the backend sends for `grant` of `owner`, granted `token`.
+pub(crate) fn release_call(keys: &LockKeys, owner: &str, grant: &str, token: u64) -> Invocation {
+    Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places])
+        .arg(owner)
+        .arg(token.to_string())
+        .arg(&keys.channel)
+        .arg(format!("grant:{grant}"))
+        .arg(&keys.wake_prefix)
 }
