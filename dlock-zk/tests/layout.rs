@@ -128,7 +128,13 @@ async fn sessions_are_pooled_by_ttl_and_closed_when_idle() {
         assert!(negotiated <= bucket, "a session of {negotiated:?} for the bucket {bucket:?}");
     }
     for lease in leases {
-        lease.release().await.expect("release");
+        let fixed = !lease.mode().is_watchdog();
+        match lease.release().await {
+            Ok(()) => {}
+            // A fixed lease of 2 s may run out while a loaded machine takes 100 acquires.
+            Err(LockError::NotHeld) if fixed => {}
+            Err(err) => panic!("release: {err}"),
+        }
     }
     // Idle sessions close after a linger of 10 s.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
