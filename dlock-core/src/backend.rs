@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::error::LockError;
 use crate::info::{Capabilities, LockInfo};
 use crate::name::{LockName, OwnerId};
-use crate::options::LeaseMode;
+use crate::options::{HoldKind, LeaseMode};
 use crate::stored::StoredResult;
 use crate::token::FencingToken;
 
@@ -66,6 +66,10 @@ pub struct Request {
     /// Whether the caller demanded FIFO order. The client has already refused it on a
     /// backend without the `fifo` capability; a backend that offers both orders reads it.
     pub fair: bool,
+    /// The kind of hold asked for. The client has refused kinds the backend's
+    /// capabilities do not claim, so a backend without `shared` or `permits` only ever
+    /// sees [`HoldKind::Exclusive`].
+    pub kind: HoldKind,
 }
 
 impl Request {

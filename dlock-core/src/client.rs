@@ -20,7 +20,7 @@ use crate::info::{Capabilities, LockInfo};
 use crate::lease::Lease;
 use crate::locker::Locker;
 use crate::name::{LockName, OwnerId};
-use crate::options::{drift, LockOptions, MAX_DURATION};
+use crate::options::{drift, HoldKind, LockOptions, MAX_DURATION};
 use crate::outcome::{Attempt, Release, Renewal};
 use crate::renewal::Scheduler;
 use crate::state::{HoldOps, LeaseCore, LeaseSpec, LostSignal};
@@ -137,13 +137,22 @@ impl<B: Backend> Client<B> {
             Some(owner) => owner.clone(),
             None => OwnerId::new(id.as_str())?,
         };
-        let req = Request { name: name.clone(), owner, id, mode: opts.lease_mode(), blocking, fair: opts.is_fair() };
+        let req = Request {
+            name: name.clone(),
+            owner,
+            id,
+            mode: opts.lease_mode(),
+            blocking,
+            fair: opts.is_fair(),
+            kind: opts.hold_kind(),
+        };
         let span = tracing::info_span!(
             "dlock.acquire",
             backend = self.inner.backend.name(),
             lock = %req.name,
             owner = %req.owner,
             blocking,
+            kind = req.kind.as_str(),
         );
         let cancel = Arc::new(Cancel::default());
         let inner = self.inner.clone();
@@ -246,6 +255,11 @@ fn check_capabilities(caps: Capabilities, opts: &LockOptions) -> Result<(), Lock
     }
     if !caps.reentrant && opts.explicit_owner().is_some() {
         return Err(LockError::Unsupported("explicit owners (re-entrant locking)".into()));
+    }
+    match opts.hold_kind() {
+        HoldKind::Shared if !caps.shared => return Err(LockError::Unsupported("shared (reader) holds".into())),
+        HoldKind::Permit { .. } if !caps.permits => return Err(LockError::Unsupported("semaphore permits".into())),
+        _ => {}
     }
     if !caps.ttl && opts.max_hold_bound().is_some() {
         return Err(LockError::Unsupported("max_hold on a backend without ttl expiry".into()));

@@ -28,6 +28,10 @@ pub struct Capabilities {
     /// Results can be stored under a lock's name ([`Lease::store_result`],
     /// [`Locker::load_result`]), which [`idempotent`](crate::idempotent()) execution needs.
     pub results: bool,
+    /// Shared holds are granted beside each other (`LockOptions::read`): read-write locks.
+    pub shared: bool,
+    /// Semaphore permits are granted (`LockOptions::permits`).
+    pub permits: bool,
 }
 
 impl Capabilities {
@@ -41,6 +45,8 @@ impl Capabilities {
         extend: true,
         queue_length: true,
         results: true,
+        shared: true,
+        permits: true,
     };
 }
 

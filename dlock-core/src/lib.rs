@@ -99,7 +99,7 @@ pub use lease::{Lease, LeaseHandle};
 pub use locker::{with_lock, Locker, LockerExt};
 pub use multi::{MultiLease, MultiLock};
 pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN};
-pub use options::{drift, Backoff, LeaseMode, LockOptions, DEFAULT_TTL, MAX_DURATION, MIN_TTL};
+pub use options::{drift, Backoff, HoldKind, LeaseMode, LockOptions, DEFAULT_TTL, MAX_DURATION, MAX_PERMITS, MIN_TTL};
 pub use stats::ClientStats;
 pub use stored::{StoredResult, MAX_RESULT_BYTES};
 pub use token::FencingToken;

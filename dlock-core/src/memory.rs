@@ -38,6 +38,7 @@ use crate::baseline::RawBaseline;
 use crate::error::{LockError, LostReason};
 use crate::info::{Capabilities, Holder, LockInfo};
 use crate::name::{LockName, OwnerId};
+use crate::options::HoldKind;
 use crate::stored::StoredResult;
 use crate::token::FencingToken;
 pub use crate::wire::Fault;
@@ -67,7 +68,8 @@ struct Shared {
 
 #[derive(Default)]
 struct Slot {
-    holder: Option<Hold>,
+    /// The holds, oldest first: one exclusive hold, or any number of compatible ones.
+    holds: Vec<Hold>,
     /// The last token granted; it survives release so tokens never restart.
     fence: u64,
     queue: VecDeque<Waiter>,
@@ -84,6 +86,7 @@ struct Kept {
 struct Hold {
     owner: OwnerId,
     token: u64,
+    kind: HoldKind,
     /// The acquire calls that hold it (more than one when the owner re-entered): a
     /// release or give-back takes back exactly its own.
     grants: Vec<RequestId>,
@@ -101,13 +104,12 @@ struct Waiter {
 }
 
 impl Slot {
-    /// Drops an expired hold and waiters that stopped refreshing their place.
+    /// Drops expired holds and waiters that stopped refreshing their place.
     fn tidy(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
-            self.holder = None;
-        }
+        let held = self.holds.len();
+        self.holds.retain(|h| h.expires_at > now);
         self.queue.retain(|w| w.expires_at > now);
-        if self.holder.is_none() {
+        if self.holds.is_empty() || self.holds.len() < held {
             self.wake_head();
         }
     }
@@ -118,8 +120,14 @@ impl Slot {
         }
     }
 
+    /// Whether a new hold of `kind` may be granted beside every current hold.
+    fn admits(&self, kind: HoldKind) -> bool {
+        self.holds.iter().all(|h| kind.admits(h.kind, self.holds.len()))
+    }
+
+    /// The newest hold: the one an exclusive lock has, and for shared holds the latest.
     fn holder_info(&self, now: Instant) -> Option<Holder> {
-        self.holder.as_ref().map(|h| Holder {
+        self.holds.last().map(|h| Holder {
             owner: h.owner.clone(),
             token: FencingToken::new(h.token),
             count: u32::try_from(h.grants.len()).unwrap_or(u32::MAX),
@@ -127,17 +135,18 @@ impl Slot {
         })
     }
 
-    /// Takes back one grant of the hold if the hold is `owner`'s with `token` (any token
-    /// when `None`) and the grant is among its grants; frees the lock at the last one.
+    /// Takes back one grant of a hold if it is `owner`'s with `token` (any token when
+    /// `None`) and the grant is among its grants; ends the hold at its last grant.
     fn take_back(&mut self, owner: &OwnerId, token: Option<u64>, grant: &RequestId) -> Release {
-        let Some(hold) = self.holder.as_mut() else { return Release::NotHeld };
-        if hold.owner != *owner || token.is_some_and(|t| t != hold.token) {
-            return Release::NotHeld;
-        }
-        let Some(at) = hold.grants.iter().position(|g| g == grant) else { return Release::NotHeld };
-        hold.grants.swap_remove(at);
+        let found = self
+            .holds
+            .iter()
+            .position(|h| h.owner == *owner && token.is_none_or(|t| t == h.token) && h.grants.contains(grant));
+        let Some(at) = found else { return Release::NotHeld };
+        let hold = &mut self.holds[at];
+        hold.grants.retain(|g| g != grant);
         if hold.grants.is_empty() {
-            self.holder = None;
+            self.holds.remove(at);
             self.wake_head();
         }
         Release::Released
@@ -170,7 +179,7 @@ impl MemoryStore {
     pub fn evict(&self, name: &LockName) {
         let mut locks = self.shared.lock_state();
         if let Some(slot) = locks.get_mut(name) {
-            slot.holder = None;
+            slot.holds.clear();
             slot.wake_head();
         }
     }
@@ -244,29 +253,43 @@ impl Shared {
         let slot = locks.entry(req.name.clone()).or_default();
         slot.tidy(now);
         let granted = |token| Attempt::Granted {
-            hold: MemoryHold { name: req.name.clone(), owner: req.owner.clone(), token, grant: req.id.clone() },
+            hold: MemoryHold {
+                name: req.name.clone(),
+                owner: req.owner.clone(),
+                token,
+                kind: req.kind,
+                grant: req.id.clone(),
+            },
             token: FencingToken::new(token),
         };
 
-        if let Some(hold) = slot.holder.as_mut() {
-            if hold.owner == req.owner {
-                hold.grants.push(req.id.clone());
-                // A re-entrant grant never shortens the existing hold.
-                hold.expires_at = hold.expires_at.max(now + ttl);
-                let token = hold.token;
-                drop_ticket(slot, ticket);
-                return granted(token);
-            }
+        // An owner re-enters only the kind it holds; another kind waits for its own hold.
+        if let Some(hold) = slot.holds.iter_mut().find(|h| h.owner == req.owner && h.kind == req.kind) {
+            hold.grants.push(req.id.clone());
+            // A re-entrant grant never shortens the existing hold.
+            hold.expires_at = hold.expires_at.max(now + ttl);
+            let token = hold.token;
+            drop_ticket(slot, ticket);
+            return granted(token);
         }
         // Our turn when nobody queues ahead of us (our own place may have lapsed if we
         // were slow to come back; then an empty queue still means nobody is ahead).
         let our_turn = slot.queue.front().is_none_or(|head| ticket.as_ref().is_some_and(|t| t.id == head.id));
-        if slot.holder.is_none() && our_turn {
+        if our_turn && slot.admits(req.kind) {
             slot.fence += 1;
             let token = slot.fence;
-            slot.holder =
-                Some(Hold { owner: req.owner.clone(), token, grants: vec![req.id.clone()], expires_at: now + ttl });
+            slot.holds.push(Hold {
+                owner: req.owner.clone(),
+                token,
+                kind: req.kind,
+                grants: vec![req.id.clone()],
+                expires_at: now + ttl,
+            });
             drop_ticket(slot, ticket);
+            if req.kind != HoldKind::Exclusive {
+                // The next waiter may be a reader (or permit) that can join us.
+                slot.wake_head();
+            }
             return granted(token);
         }
 
@@ -295,8 +318,8 @@ impl Shared {
             }
             None => {}
         }
-        let retry_after = match &slot.holder {
-            Some(h) => h.expires_at.saturating_duration_since(now),
+        let retry_after = match slot.holds.iter().map(|h| h.expires_at).min() {
+            Some(first_end) => first_end.saturating_duration_since(now),
             // Free, but someone is ahead of us: they were woken; if they never come
             // back, their place lapses by then.
             None => slot.queue.front().map_or(Duration::ZERO, |w| w.expires_at.saturating_duration_since(now)),
@@ -309,13 +332,15 @@ impl Shared {
         let mut locks = self.lock_state();
         let Some(slot) = locks.get_mut(&hold.name) else { return Renewal::Lost(LostReason::Expired) };
         slot.tidy(now);
-        match slot.holder.as_mut() {
-            Some(h) if h.owner == hold.owner && h.token == hold.token => {
-                h.expires_at = h.expires_at.max(now + ttl);
-                Renewal::Renewed
-            }
-            Some(_) => Renewal::Lost(LostReason::Stolen),
-            None => Renewal::Lost(LostReason::Expired),
+        if let Some(h) = slot.holds.iter_mut().find(|h| h.owner == hold.owner && h.token == hold.token) {
+            h.expires_at = h.expires_at.max(now + ttl);
+            return Renewal::Renewed;
+        }
+        // Someone holds what ours would have excluded: it was taken, not just let go.
+        if slot.holds.iter().any(|h| h.token > hold.token && !hold.kind.admits(h.kind, 0)) {
+            Renewal::Lost(LostReason::Stolen)
+        } else {
+            Renewal::Lost(LostReason::Expired)
         }
     }
 
@@ -340,7 +365,7 @@ impl Shared {
         let mut locks = self.lock_state();
         let Some(slot) = locks.get_mut(&hold.name) else { return Err(LockError::NotHeld) };
         slot.tidy(now);
-        let ours = slot.holder.as_ref().is_some_and(|h| h.owner == hold.owner && h.token == hold.token);
+        let ours = slot.holds.iter().any(|h| h.owner == hold.owner && h.token == hold.token);
         let newer_kept = slot.result.as_ref().is_some_and(|kept| kept.expires_at > now && kept.token >= hold.token);
         if !ours || newer_kept {
             return Err(LockError::NotHeld);
@@ -373,7 +398,7 @@ impl Slot {
     fn leave_queue(&mut self, ticket: u64) {
         let was_head = self.queue.front().is_some_and(|w| w.id == ticket);
         self.queue.retain(|w| w.id != ticket);
-        if was_head && self.holder.is_none() {
+        if was_head {
             self.wake_head();
         }
     }
@@ -385,6 +410,7 @@ pub struct MemoryHold {
     name: LockName,
     owner: OwnerId,
     token: u64,
+    kind: HoldKind,
     grant: RequestId,
 }
 
@@ -513,7 +539,13 @@ impl RawBaseline for MemoryBaseline {
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let req = baseline_request(name)?;
-        let hold = MemoryHold { name: name.clone(), owner: req.owner.clone(), token: 0, grant: req.id.clone() };
+        let hold = MemoryHold {
+            name: name.clone(),
+            owner: req.owner.clone(),
+            token: 0,
+            kind: req.kind,
+            grant: req.id.clone(),
+        };
         self.backend.renew(&hold, req.ttl()).await.map(drop)
     }
 }
@@ -527,5 +559,6 @@ fn baseline_request(name: &LockName) -> Result<Request, LockError> {
         mode: crate::LeaseMode::default(),
         blocking: false,
         fair: false,
+        kind: HoldKind::Exclusive,
     })
 }

@@ -51,6 +51,84 @@ impl Default for LeaseMode {
     }
 }
 
+/// The most permits a [`HoldKind::Permit`] request may name.
+pub const MAX_PERMITS: u32 = 1_000_000;
+
+/// What an acquire asks for: the lock alone, a reader's share, or one of a semaphore's
+/// permits. Holds of one name are compatible as follows, and an acquire waits until its
+/// kind is compatible with every current hold:
+///
+/// - `Exclusive` (a mutex, a read-write lock's writer) with nothing;
+/// - `Shared` (a read-write lock's reader) with other `Shared` holds;
+/// - `Permit { permits }` with other `Permit` holds, while fewer than `permits` exist.
+///
+/// Every grant of any kind takes a fencing token from the name's one counter, so a
+/// writer's token is above every earlier grant's. Waiters queue in one order on
+/// backends that queue: a writer that waits keeps readers that come after it waiting
+/// too (writer preference), so a stream of readers cannot starve it. An owner re-enters
+/// a hold only with the kind it holds (no upgrade from reader to writer). The number of
+/// permits travels with each request, so it can change at run time: a grant admits the
+/// request when fewer holds than *its* number exist, and holders granted under a larger
+/// number keep their permits.
+///
+/// ```
+/// use dlock_core::{memory::MemoryStore, HoldKind, LockName, LockOptions, Locker};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let locker = MemoryStore::new().client();
+/// let name = LockName::new("reports/2026")?;
+/// let a = locker.acquire(&name, &LockOptions::new().read()).await?;
+/// let b = locker.acquire(&name, &LockOptions::new().read()).await?;
+/// // A writer waits for both readers.
+/// assert!(locker.try_acquire(&name, &LockOptions::new().write()).await?.is_none());
+/// a.release().await?;
+/// b.release().await?;
+///
+/// let pool = LockName::new("pool/gpu")?;
+/// let two = LockOptions::new().permits(2);
+/// assert_eq!(two.hold_kind(), HoldKind::Permit { permits: 2 });
+/// let first = locker.acquire(&pool, &two).await?;
+/// let second = locker.acquire(&pool, &two).await?;
+/// assert!(locker.try_acquire(&pool, &two).await?.is_none());
+/// # drop((first, second));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum HoldKind {
+    /// One holder alone.
+    #[default]
+    Exclusive,
+    /// One of any number of readers.
+    Shared,
+    /// One of at most `permits` holders.
+    Permit {
+        /// How many holders the name admits, as this request sees it.
+        permits: u32,
+    },
+}
+
+impl HoldKind {
+    /// Whether a hold of this kind may be granted beside a hold of `other`'s kind
+    /// (holds of other owners; `held` counts the holds there are).
+    pub fn admits(&self, other: HoldKind, held: usize) -> bool {
+        match (self, other) {
+            (HoldKind::Shared, HoldKind::Shared) => true,
+            (HoldKind::Permit { permits }, HoldKind::Permit { .. }) => held < *permits as usize,
+            _ => false,
+        }
+    }
+
+    /// A short word for logs and backends' records: `exclusive`, `shared` or `permit`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HoldKind::Exclusive => "exclusive",
+            HoldKind::Shared => "shared",
+            HoldKind::Permit { .. } => "permit",
+        }
+    }
+}
+
 /// Exponential backoff with jitter, for backends that must poll and for retries.
 ///
 /// The n-th delay is drawn uniformly from `[d/2, d]` where `d = min(max, initial * 2^n)`,
@@ -144,6 +222,7 @@ pub struct LockOptions {
     backoff: Backoff,
     owner: Option<OwnerId>,
     fair: bool,
+    kind: HoldKind,
 }
 
 impl LockOptions {
@@ -222,6 +301,34 @@ impl LockOptions {
         self
     }
 
+    /// Asks for this kind of hold (see [`HoldKind`]). Backends without the capability
+    /// fail the acquire with `Unsupported`.
+    pub fn kind(mut self, kind: HoldKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Asks for a reader's share of a read-write lock: [`HoldKind::Shared`].
+    pub fn read(self) -> Self {
+        self.kind(HoldKind::Shared)
+    }
+
+    /// Asks for a read-write lock's writer: [`HoldKind::Exclusive`], the default, named
+    /// for code that reads better beside [`read`](LockOptions::read).
+    pub fn write(self) -> Self {
+        self.kind(HoldKind::Exclusive)
+    }
+
+    /// Asks for one of a semaphore's `permits` permits: [`HoldKind::Permit`].
+    pub fn permits(self, permits: u32) -> Self {
+        self.kind(HoldKind::Permit { permits })
+    }
+
+    /// The kind of hold asked for.
+    pub fn hold_kind(&self) -> HoldKind {
+        self.kind
+    }
+
     /// The lease mode.
     pub fn lease_mode(&self) -> LeaseMode {
         self.mode
@@ -273,6 +380,11 @@ impl LockOptions {
                 return Err(LockError::InvalidInput("max_hold is zero".into()));
             }
             check_duration("max_hold", max_hold)?;
+        }
+        if let HoldKind::Permit { permits } = self.kind {
+            if permits == 0 || permits > MAX_PERMITS {
+                return Err(LockError::InvalidInput(format!("{permits} permits: must be 1 to {MAX_PERMITS}")));
+            }
         }
         self.backoff.validate()
     }

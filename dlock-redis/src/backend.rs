@@ -33,6 +33,8 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     extend: true,
     queue_length: true,
     results: true,
+    shared: false,
+    permits: false,
 };
 
 /// When a busy acquire takes a place in the lock's queue (see the acquire script).

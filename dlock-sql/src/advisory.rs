@@ -553,6 +553,8 @@ impl Backend for AdvisoryBackend {
             extend: false,
             queue_length: false,
             results: true,
+            shared: false,
+            permits: false,
         }
     }
 

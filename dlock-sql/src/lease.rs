@@ -341,6 +341,8 @@ impl Backend for SqlBackend {
             extend: true,
             queue_length: false,
             results: true,
+            shared: false,
+            permits: false,
         }
     }
 

@@ -489,7 +489,7 @@ impl Backend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
+        Capabilities { shared: false, permits: false, ..Capabilities::ALL }
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<ZkTicket>) -> Result<Attempt<ZkHold>, LockError> {

@@ -10,6 +10,7 @@ mod contention;
 mod expiry;
 mod faults;
 mod lifecycle;
+mod primitives;
 mod recipes;
 
 use std::future::Future;
@@ -26,6 +27,7 @@ pub use contention::*;
 pub use expiry::*;
 pub use faults::*;
 pub use lifecycle::*;
+pub use primitives::*;
 pub use recipes::*;
 
 /// How to run one property: a function of the fixture trait it needs.
@@ -143,6 +145,14 @@ macro_rules! for_each_case {
             multilock_overlapping_sets_do_not_deadlock: Clients,
             multilock_failure_leaves_no_partial_holds: Faults,
             multilease_combines_its_parts: Evict,
+            rwlock_readers_share_and_a_writer_excludes: Clients,
+            rwlock_waiting_writer_keeps_new_readers_out: Clients,
+            rwlock_writers_never_hold_beside_anyone: Clients,
+            cancelled_reader_leaves_nothing: Clients,
+            semaphore_admits_at_most_n: Clients,
+            semaphore_permits_change_at_run_time: Clients,
+            semaphore_permit_of_a_vanished_holder_comes_back: Faults,
+            hold_kinds_exclude_each_other: Clients,
         }
     };
 }

@@ -36,6 +36,8 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
     extend: true,
     queue_length: false,
     results: true,
+    shared: false,
+    permits: false,
 };
 
 /// The RedLock backend of one client: the masters, the key layout (the same as a single
