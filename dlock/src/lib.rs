@@ -43,11 +43,12 @@ mod drivers;
 
 pub use dlock_core::memory;
 pub use dlock_core::{
-    drift, idempotent, parse_duration, redact, with_lock, Backoff, BoxError, Capabilities, Client, ClientConfig,
-    ClientStats, ConnectConfig, ConnectOptions, FencingToken, Holder, IdempotentError, IdempotentOptions, Lease,
-    LeaseHandle, LeaseMode, LockError, LockInfo, LockName, LockOptions, Locker, LockerExt, LostReason, MultiLease,
-    MultiLock, OwnerId, RunOutcome, StoredResult, DEFAULT_TTL, MAX_DURATION, MAX_NAME_LEN, MAX_OWNER_LEN,
-    MAX_RESULT_BYTES, MIN_TTL,
+    campaign, drift, idempotent, observe, parse_duration, redact, with_lock, Backoff, BoxError, Capabilities, Client,
+    ClientConfig, ClientStats, ConnectConfig, ConnectOptions, FencingToken, HoldKind, Holder, IdempotentError,
+    IdempotentOptions, Leader, Leadership, Lease, LeaseHandle, LeaseMode, LockError, LockInfo, LockName, LockOptions,
+    Locker, LockerExt, LostReason, MultiLease, MultiLock, Observer, OwnerId, RunOutcome, StoredResult,
+    DEFAULT_OBSERVE_EVERY, DEFAULT_TTL, MAX_DURATION, MAX_NAME_LEN, MAX_OWNER_LEN, MAX_PERMITS, MAX_RESULT_BYTES,
+    MIN_TTL,
 };
 pub use drivers::{connect, driver, Driver, DRIVERS};
 /// The raw baselines `dlock bench` measures the library against (the `bench` feature).

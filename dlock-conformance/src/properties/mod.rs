@@ -7,6 +7,7 @@
 mod ambiguity;
 mod basic;
 mod contention;
+mod election;
 mod expiry;
 mod faults;
 mod lifecycle;
@@ -24,6 +25,7 @@ use dlock_core::{LockError, LockName, LockOptions};
 pub use ambiguity::*;
 pub use basic::*;
 pub use contention::*;
+pub use election::*;
 pub use expiry::*;
 pub use faults::*;
 pub use lifecycle::*;
@@ -153,6 +155,8 @@ macro_rules! for_each_case {
             semaphore_permits_change_at_run_time: Clients,
             semaphore_permit_of_a_vanished_holder_comes_back: Faults,
             hold_kinds_exclude_each_other: Clients,
+            election_one_leader_per_term_seen_in_order: Clients,
+            election_vanished_leader_is_replaced_after_it_knows: Faults,
         }
     };
 }

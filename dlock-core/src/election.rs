@@ -1,0 +1,184 @@
+//! Leader election on any backend that stores results: a candidate leads while it holds
+//! the election's lock, its term is the lease's fencing token, and its value is stored
+//! under the lock's name with the token, so observers read who leads and since which term.
+
+use std::time::Duration;
+
+use futures::Stream;
+
+use crate::error::{LockError, LostReason};
+use crate::lease::Lease;
+use crate::locker::Locker;
+use crate::name::LockName;
+use crate::options::{LockOptions, MAX_DURATION};
+use crate::token::FencingToken;
+
+/// How often an [`Observer`] looks by default.
+pub const DEFAULT_OBSERVE_EVERY: Duration = Duration::from_millis(100);
+
+/// A leader as observers see it: the value it campaigned with and its term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// The value the leader campaigned with (an address, a host name).
+    pub value: Vec<u8>,
+    /// Its term: the fencing token of its lease, higher for every later leader.
+    pub term: FencingToken,
+}
+
+/// This candidate's leadership: it leads until it resigns or its lease is lost.
+///
+/// The lease's lost signal is the end of the term: it fires before another candidate can
+/// be elected, as for any lock, so a leader that stops on it never overlaps the next one.
+#[derive(Debug)]
+pub struct Leadership {
+    lease: Lease,
+}
+
+impl Leadership {
+    /// The term: strictly higher than every earlier leader's. Pass it with every write a
+    /// leader makes so that the resource can refuse a deposed leader's writes.
+    pub fn term(&self) -> FencingToken {
+        self.lease.token()
+    }
+
+    /// The lease this leadership stands on (remaining validity, `is_lost`).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Resolves when the leadership is lost, with the reason.
+    pub async fn lost(&self) -> LostReason {
+        self.lease.lost().await
+    }
+
+    /// Gives up leadership, so that the next candidate is elected at once.
+    pub async fn resign(self) -> Result<(), LockError> {
+        self.lease.release().await
+    }
+}
+
+/// Blocks until this candidate leads `name`, then returns its leadership. `opts` is the
+/// lease (a watchdog by default) and bounds the wait; `value` (at most
+/// [`MAX_RESULT_BYTES`](crate::MAX_RESULT_BYTES)) is what observers see.
+///
+/// `Unsupported` on a backend without the `results` capability, where the value has
+/// nowhere to live. A candidate whose lease is lost between its grant and the store of
+/// its value gets `NotHeld` and leads nothing.
+///
+/// ```
+/// use dlock_core::{campaign, memory::MemoryStore, observe, LockName, LockOptions};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let store = MemoryStore::new();
+/// let name = LockName::new("scheduler")?;
+/// let leading = campaign(&store.client(), &name, b"10.0.0.7:8080", &LockOptions::new()).await?;
+///
+/// let watcher = store.client();
+/// let mut observer = observe(&watcher, &name);
+/// let leader = observer.changed().await?.expect("a leader");
+/// assert_eq!(leader.value, b"10.0.0.7:8080");
+/// assert_eq!(leader.term, leading.term());
+///
+/// leading.resign().await?;
+/// assert_eq!(observer.changed().await?, None);
+/// # Ok(()) }
+/// ```
+pub async fn campaign<L: Locker + ?Sized>(
+    locker: &L,
+    name: &LockName,
+    value: &[u8],
+    opts: &LockOptions,
+) -> Result<Leadership, LockError> {
+    if !locker.capabilities().results {
+        return Err(LockError::Unsupported("leader election (the backend stores no values)".into()));
+    }
+    crate::stored::check_result(value, MAX_DURATION)?;
+    let lease = locker.acquire(name, opts).await?;
+    // The value outlives any term; observers tell a stale one by its token.
+    lease.store_result(value, MAX_DURATION).await?;
+    Ok(Leadership { lease })
+}
+
+/// Watches who leads `name`; see [`Observer`].
+pub fn observe<'a, L: Locker + ?Sized>(locker: &'a L, name: &LockName) -> Observer<'a, L> {
+    Observer { locker, name: name.clone(), every: DEFAULT_OBSERVE_EVERY, last: None }
+}
+
+/// Reports changes of leadership of one election, in term order.
+///
+/// It looks (the holder and the stored value, two reads) every
+/// [`DEFAULT_OBSERVE_EVERY`] or as set by [`every`](Observer::every). Terms it reports
+/// only increase, and the current leader is always reported; a term that begins and ends
+/// between two looks is not seen, as with etcd's `Observe`.
+#[derive(Debug)]
+pub struct Observer<'a, L: Locker + ?Sized> {
+    locker: &'a L,
+    name: LockName,
+    every: Duration,
+    /// What was reported last: `None` before the first report.
+    last: Option<Option<Leader>>,
+}
+
+impl<'a, L: Locker + ?Sized> Observer<'a, L> {
+    /// Looks this often (at least 1 ms).
+    pub fn every(mut self, every: Duration) -> Self {
+        self.every = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Who leads now (`None`: nobody), read from the backend. A candidate just elected
+    /// is reported once its value is stored; until then this looks again.
+    pub async fn current(&self) -> Result<Option<Leader>, LockError> {
+        loop {
+            if let Some(now) = self.look().await? {
+                return Ok(now);
+            }
+            tokio::time::sleep(self.every).await;
+        }
+    }
+
+    /// One look: `None` while the holder's value is not stored under its token yet
+    /// (just elected, or lost its lease in between).
+    async fn look(&self) -> Result<Option<Option<Leader>>, LockError> {
+        if !self.locker.capabilities().results {
+            return Err(LockError::Unsupported("leader election (the backend stores no values)".into()));
+        }
+        let info = self.locker.inspect(&self.name).await?;
+        let Some(holder) = info.holder else { return Ok(Some(None)) };
+        Ok(match self.locker.load_result(&self.name).await? {
+            Some(stored) if stored.token == holder.token => {
+                Some(Some(Leader { value: stored.value, term: stored.token }))
+            }
+            _ => None,
+        })
+    }
+
+    /// The first call returns who leads now; each later call waits until that changes
+    /// and returns the new state (`None` once nobody leads).
+    pub async fn changed(&mut self) -> Result<Option<Leader>, LockError> {
+        loop {
+            if let Some(now) = self.look().await? {
+                let older = match (&now, self.last.as_ref().and_then(Option::as_ref)) {
+                    (Some(now), Some(last)) => now.term < last.term,
+                    _ => false,
+                };
+                if self.last.as_ref() != Some(&now) && !older {
+                    self.last = Some(now.clone());
+                    return Ok(now);
+                }
+            }
+            tokio::time::sleep(self.every).await;
+        }
+    }
+
+    /// The changes as a stream; it ends at the first error, after yielding it.
+    pub fn into_stream(self) -> impl Stream<Item = Result<Option<Leader>, LockError>> + 'a {
+        futures::stream::unfold(Some(self), |state| async move {
+            let mut observer = state?;
+            let next = observer.changed().await;
+            let more = next.is_ok().then_some(observer);
+            Some((next, more))
+        })
+    }
+}
