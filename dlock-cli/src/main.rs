@@ -38,6 +38,12 @@ enum Command {
     /// was lost while the command ran (the command got SIGTERM), 69 the backend is
     /// unreachable, 64 bad arguments or URL.
     Run(run::RunArgs),
+    /// Run a command while this process leads an election; exit with its exit code.
+    ///
+    /// The command sees DLOCK_TERM (the term, strictly higher for every later leader: pass
+    /// it with its writes). Losing the leadership stops it as a lost lease stops `run`
+    /// (exit 76); 75 when --wait ran out before this process was elected.
+    Elect(run::ElectArgs),
     /// Show the oversell problem, its fix with a lock, and fencing of a paused holder.
     Demo(demo::DemoArgs),
     /// Show a lock's holder, token, remaining ttl and waiters.
@@ -74,6 +80,7 @@ fn main() -> ExitCode {
                 let url = target::single(cli.url)?;
                 match command {
                     Command::Run(args) => run::run(url, args).await,
+                    Command::Elect(args) => run::elect(url, args).await,
                     Command::Demo(args) => demo::demo(url, args).await,
                     Command::Inspect(args) => inspect::inspect(url, args).await,
                     Command::Check(args) => check::check(url, args).await,

@@ -1,5 +1,6 @@
-//! `dlock run`: a command under a lock, like flock(1) and `etcdctl lock`; under several
-//! locks at once (`--names`); or at most once per key (`--once`).
+//! `dlock run`: a command under a lock, like flock(1) and `etcdctl lock`; as a reader
+//! (`--read`) or one of N (`--permits`); under several locks at once (`--names`); or at
+//! most once per key (`--once`). `dlock elect`: a command while this process leads.
 
 use std::process::{ExitCode, ExitStatus};
 use std::sync::{Arc, Mutex};
@@ -7,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use dlock::{
-    idempotent, IdempotentError, IdempotentOptions, Lease, LeaseHandle, LockError, LockName, LockOptions, Locker,
-    LostReason, MultiLease, MultiLock, RunOutcome,
+    campaign, idempotent, IdempotentError, IdempotentOptions, Leadership, Lease, LeaseHandle, LockError, LockName,
+    LockOptions, Locker, LostReason, MultiLease, MultiLock, RunOutcome,
 };
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -50,6 +51,18 @@ pub(crate) struct RunArgs {
     /// With --once: how long a successful run is remembered.
     #[arg(long, default_value = "24h", value_parser = duration_arg, requires = "once")]
     retention: Duration,
+    /// Take the lock as one of its readers: readers hold together, and a writer (a plain
+    /// `dlock run` of the same name, or --write) waits for them; a waiting writer keeps
+    /// new readers out.
+    #[arg(long, conflicts_with_all = ["names", "once", "permits"])]
+    read: bool,
+    /// Take the lock as its writer: alone, as a plain `dlock run` does (for scripts that
+    /// say which side they are).
+    #[arg(long, conflicts_with_all = ["read", "names", "once", "permits"])]
+    write: bool,
+    /// Take one of N permits of the name (a semaphore): up to N commands run at once.
+    #[arg(long, value_name = "N", conflicts_with_all = ["names", "once"])]
+    permits: Option<u32>,
     /// The lock's name.
     name: Option<String>,
     /// The command and its arguments.
@@ -67,6 +80,11 @@ fn wait_arg(text: &str) -> Result<Duration, String> {
 pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<ExitCode, Failure> {
     let url = target::resolve(url)?;
     let opts = if args.fixed { LockOptions::fixed(args.ttl) } else { LockOptions::watchdog(args.ttl) };
+    let opts = match (args.read, args.permits) {
+        (true, _) => opts.read(),
+        (false, Some(permits)) => opts.permits(permits),
+        (false, None) => opts.write(),
+    };
     let locker = dlock::connect(&url).await?;
     if let Some(key) = &args.once {
         return run_once(&*locker, &LockName::new(key)?, opts, &args, &url).await;
@@ -83,7 +101,12 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<ExitCode, 
         let waited = args.wait.map_or("at once".to_string(), |w| format!("within {w:?}"));
         return Err(Failure::new(TEMPFAIL, format!("{} held elsewhere; not acquired {waited}", held_what(&args))));
     };
-    let child = spawn(&args.command, &held.env(&url))?;
+    hold_while(held, &args.command, &url).await
+}
+
+/// Runs `command` while `held` lasts: a lost lease stops it; its exit releases `held`.
+async fn hold_while(held: Held, command: &[String], url: &str) -> Result<ExitCode, Failure> {
+    let child = spawn(command, &held.env(url))?;
     let what = held.what();
     match supervise(child, held.lost()).await? {
         Outcome::Exited(status) => match held.release().await {
@@ -145,10 +168,56 @@ fn timed_out_is_none<T>(outcome: Result<T, LockError>) -> Result<Option<T>, Lock
     }
 }
 
-/// One lock or several, held while the command runs.
+/// Runs a command while this process leads an election (`dlock elect`).
+#[derive(Debug, Args)]
+pub(crate) struct ElectArgs {
+    /// The leadership's lease ttl: renewed every ttl/3 while the command runs; a leader
+    /// that cannot renew stops its command before another is elected.
+    #[arg(long, default_value = "30s", value_parser = duration_arg)]
+    ttl: Duration,
+    /// How long to campaign; default: until elected.
+    #[arg(long, value_parser = duration_arg)]
+    wait: Option<Duration>,
+    /// What observers see as the leader (default: this host's name and process id).
+    #[arg(long)]
+    value: Option<String>,
+    /// The election's name.
+    name: String,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+pub(crate) async fn elect(url: Option<String>, args: ElectArgs) -> Result<ExitCode, Failure> {
+    let url = target::resolve(url)?;
+    let name = LockName::new(&args.name)?;
+    let value = args.value.clone().unwrap_or_else(default_value);
+    let locker = dlock::connect(&url).await?;
+    let mut opts = LockOptions::watchdog(args.ttl);
+    if let Some(wait) = args.wait {
+        opts = opts.wait(wait);
+    }
+    let leadership = match campaign(&*locker, &name, value.as_bytes(), &opts).await {
+        Ok(leadership) => leadership,
+        Err(LockError::Timeout) => {
+            return Err(Failure::new(TEMPFAIL, format!("not elected leader of {name} within {:?}", args.wait)))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    hold_while(Held::Leader(leadership), &args.command, &url).await
+}
+
+/// `<host>:<pid>`, what a leader is known by unless told otherwise.
+fn default_value() -> String {
+    let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// One lock or several, or a leadership, held while the command runs.
 enum Held {
     One(Lease),
     Many(MultiLease),
+    Leader(Leadership),
 }
 
 impl Held {
@@ -156,6 +225,7 @@ impl Held {
         match self {
             Held::One(lease) => lease.name().to_string(),
             Held::Many(lease) => lease.tokens().iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", "),
+            Held::Leader(leadership) => format!("the leadership of {}", leadership.lease().name()),
         }
     }
 
@@ -173,6 +243,11 @@ impl Held {
                 env.push(("DLOCK_NAMES", names.join(",")));
                 env.push(("DLOCK_TOKENS", pairs.join(",")));
             }
+            Held::Leader(leadership) => {
+                env.push(("DLOCK_NAME", leadership.lease().name().to_string()));
+                env.push(("DLOCK_TERM", leadership.term().to_string()));
+                env.push(("DLOCK_TOKEN", leadership.term().to_string()));
+            }
         }
         env
     }
@@ -181,6 +256,7 @@ impl Held {
         match self {
             Held::One(lease) => lease.lost().await,
             Held::Many(lease) => lease.lost().await,
+            Held::Leader(leadership) => leadership.lost().await,
         }
     }
 
@@ -188,6 +264,7 @@ impl Held {
         match self {
             Held::One(lease) => lease.release().await,
             Held::Many(lease) => lease.release().await,
+            Held::Leader(leadership) => leadership.resign().await,
         }
     }
 }

@@ -101,9 +101,14 @@ fn lost_lease_stops_the_command(url: &str, dir: &Path) {
 /// Starts `dlock run ARGS -- sh -c '<touch marker>; sleep 30'` and returns once the
 /// command runs (its marker exists).
 fn start_holding(url: &str, args: &[&str], marker: &Path, before: &str) -> std::process::Child {
+    start_running(url, "run", args, marker, before)
+}
+
+/// As [`start_holding`], for any subcommand that runs a command (`run`, `elect`).
+fn start_running(url: &str, sub: &str, args: &[&str], marker: &Path, before: &str) -> std::process::Child {
     let script = format!("trap 'exit 143' TERM; {before} touch {}; sleep 30 & wait", marker.display());
     let holder = dlock(url)
-        .arg("run")
+        .arg(sub)
         .args(args)
         .args(["--", "sh", "-c", &script])
         .stdin(Stdio::null())
@@ -169,6 +174,58 @@ fn once_runs_at_most_once(url: &str, dir: &Path) {
     assert_eq!(code(&out), 0, "an interrupted run is not remembered: {out:?}");
 }
 
+/// `--read` and `--permits` on a backend that has them: readers run together and a
+/// writer waits for them; at most N commands hold one of N permits. On a backend without
+/// them, both are refused as usage errors (64) and nothing runs.
+fn readers_and_permits(url: &str, dir: &Path, supported: bool) {
+    if !supported {
+        for args in [&["run", "--read", "rw", "--", "false"][..], &["run", "--permits", "2", "pool", "--", "false"]] {
+            let out = output(dlock(url).args(args));
+            assert_eq!(code(&out), 64, "{args:?}: {out:?}");
+            assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported"), "{out:?}");
+        }
+        return;
+    }
+    let reader = start_holding(url, &["--read", "rw"], &dir.join("reading"), "");
+    let out = output(dlock(url).args(["run", "--read", "--wait", "0", "rw", "--", "true"]));
+    assert_eq!(code(&out), 0, "a second reader runs beside the first: {out:?}");
+    for writer in
+        [&["run", "--wait", "0", "rw", "--", "true"][..], &["run", "--write", "--wait", "300ms", "rw", "--", "true"]]
+    {
+        let out = output(dlock(url).args(writer));
+        assert_eq!(code(&out), 75, "{writer:?} beside a reader: {out:?}");
+    }
+    assert_eq!(terminate(reader).code(), Some(143));
+    let out = output(dlock(url).args(["run", "--write", "--wait", "0", "rw", "--", "true"]));
+    assert_eq!(code(&out), 0, "the writer once the reader left: {out:?}");
+
+    let first = start_holding(url, &["--permits", "2", "pool"], &dir.join("permit-1"), "");
+    let second = start_holding(url, &["--permits", "2", "pool"], &dir.join("permit-2"), "");
+    let out = output(dlock(url).args(["run", "--permits", "2", "--wait", "0", "pool", "--", "true"]));
+    assert_eq!(code(&out), 75, "a third of two permits: {out:?}");
+    assert_eq!(terminate(first).code(), Some(143));
+    let out = output(dlock(url).args(["run", "--permits", "2", "--wait", "0", "pool", "--", "true"]));
+    assert_eq!(code(&out), 0, "a permit given back: {out:?}");
+    assert_eq!(terminate(second).code(), Some(143));
+}
+
+/// `dlock elect`: the leader's command runs and sees its term; a second candidate is
+/// not elected while it runs (75 past --wait); once the leader's command ends, the next
+/// leader's term is higher.
+fn elect_runs_while_leading(url: &str, dir: &Path) {
+    let term_file = dir.join("term");
+    let before = format!("echo \"$DLOCK_TERM\" > {};", term_file.display());
+    let leader = start_running(url, "elect", &["--value", "first", "leader"], &dir.join("leading"), &before);
+    let out = output(dlock(url).args(["elect", "--wait", "300ms", "leader", "--", "true"]));
+    assert_eq!(code(&out), 75, "a second leader: {out:?}");
+    assert_eq!(terminate(leader).code(), Some(143));
+    let first: u64 = std::fs::read_to_string(&term_file).expect("term").trim().parse().expect("DLOCK_TERM is a number");
+    let out = output(dlock(url).args(["elect", "--wait", "5s", "leader", "--", "sh", "-c", "echo $DLOCK_TERM"]));
+    assert_eq!(code(&out), 0, "{out:?}");
+    let second: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a term");
+    assert!(second > first, "term {second} after term {first}");
+}
+
 /// The command's own exit code comes through.
 fn passes_exit_code(url: &str) {
     let out = output(dlock(url).args(["run", "exit-code", "--", "sh", "-c", "exit 7"]));
@@ -222,6 +279,8 @@ mod redis {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
+        readers_and_permits(&server.url(), dir.path(), false);
+        elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }
 }
@@ -244,6 +303,8 @@ mod zookeeper {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
+        readers_and_permits(&server.url(), dir.path(), false);
+        elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }
 }
@@ -268,6 +329,8 @@ mod sqlite {
         tempfail_when_held(&url(dir.path()), dir.path());
         lost_lease_stops_the_command(&url(dir.path()), dir.path());
         names_hold_every_lock(&url(dir.path()), dir.path());
+        readers_and_permits(&url(dir.path()), dir.path(), false);
+        elect_runs_while_leading(&url(dir.path()), dir.path());
         once_runs_at_most_once(&url(dir.path()), dir.path());
     }
 
@@ -316,6 +379,8 @@ mod postgres {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
+        readers_and_permits(&server.url(), dir.path(), false);
+        elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }
 }
@@ -338,6 +403,8 @@ mod mariadb {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
+        readers_and_permits(&server.url(), dir.path(), false);
+        elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }
 }
@@ -361,6 +428,8 @@ mod etcd {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
+        readers_and_permits(&server.url(), dir.path(), false);
+        elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }
 }
@@ -394,6 +463,8 @@ mod redlock {
         tempfail_when_held(&url(&masters), dir.path());
         lost_lease_stops_the_command(&url(&masters), dir.path());
         names_hold_every_lock(&url(&masters), dir.path());
+        readers_and_permits(&url(&masters), dir.path(), false);
+        elect_runs_while_leading(&url(&masters), dir.path());
         once_runs_at_most_once(&url(&masters), dir.path());
     }
 }

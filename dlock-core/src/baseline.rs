@@ -7,6 +7,7 @@ use async_trait::async_trait;
 
 use crate::error::LockError;
 use crate::name::LockName;
+use crate::options::HoldKind;
 
 /// The commands of one uncontended acquire+release, sent raw.
 ///
@@ -24,6 +25,17 @@ pub trait RawBaseline: Send + Sync {
     /// Sends the acquire command(s) for `name` and then the release command(s), exactly
     /// as the library would on an uncontended lock, over the same kind of connection.
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError>;
+
+    /// Sends the commands of one uncontended acquire+release of a hold of `kind` (a
+    /// reader's share, a permit), as the library would. The default covers the exclusive
+    /// kind and answers `Unsupported` for the others, for a backend without them or
+    /// without a raw form of them yet.
+    async fn acquire_release_kind(&self, name: &LockName, kind: HoldKind) -> Result<(), LockError> {
+        match kind {
+            HoldKind::Exclusive => self.acquire_release(name).await,
+            other => Err(LockError::Unsupported(format!("a raw baseline of {} holds", other.as_str()))),
+        }
+    }
 
     /// Sends the renewal command(s) for a hold of `name` (for the mass-renewal scenario).
     async fn renew(&self, name: &LockName) -> Result<(), LockError>;

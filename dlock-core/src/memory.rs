@@ -530,7 +530,11 @@ impl std::fmt::Debug for MemoryBaseline {
 #[async_trait]
 impl RawBaseline for MemoryBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
-        let req = baseline_request(name)?;
+        self.acquire_release_kind(name, HoldKind::Exclusive).await
+    }
+
+    async fn acquire_release_kind(&self, name: &LockName, kind: HoldKind) -> Result<(), LockError> {
+        let req = Request { kind, ..baseline_request(name)? };
         match self.backend.attempt(&req, &mut None).await? {
             Attempt::Granted { hold, .. } => self.backend.release(&hold).await.map(drop),
             Attempt::Busy { .. } => Err(LockError::Timeout),

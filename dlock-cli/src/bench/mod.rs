@@ -63,10 +63,12 @@ pub(crate) enum Scenario {
     Idempotent,
     /// A multi-lock of 3 names, uncontended acquire+release.
     Multi,
+    /// Read-write lock, semaphore and election: uncontended acquire+release of each.
+    Primitives,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 8] = [
+    const ALL: [Scenario; 9] = [
         Scenario::Uncontended,
         Scenario::Throughput,
         Scenario::Handoff,
@@ -75,6 +77,7 @@ impl Scenario {
         Scenario::Shared,
         Scenario::Idempotent,
         Scenario::Multi,
+        Scenario::Primitives,
     ];
 }
 

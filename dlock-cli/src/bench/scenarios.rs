@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock::{
-    idempotent, IdempotentOptions, LockError, LockName, LockOptions, Locker, MultiLock, RawBaseline, RunOutcome,
+    campaign, idempotent, HoldKind, IdempotentOptions, LockError, LockName, LockOptions, Locker, MultiLock,
+    RawBaseline, RunOutcome,
 };
 use futures::stream::{self, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
@@ -66,6 +67,7 @@ impl Bench<'_> {
             Scenario::Shared => self.shared().await?,
             Scenario::Idempotent => self.idempotent().await?,
             Scenario::Multi => self.multi().await?,
+            Scenario::Primitives => self.primitives().await?,
         })
     }
 
@@ -82,27 +84,17 @@ impl Bench<'_> {
         }
     }
 
-    /// Library and raw pairs alternate, so that drift in the machine's load hits both.
     async fn uncontended(&self) -> Result<Vec<Row>, Failure> {
-        let n = self.args.iterations;
         let name = bench_name("uncontended");
         let opts = LockOptions::new();
-        let bar = progress(n as u64, format!("{}: uncontended", self.backend));
-        for _ in 0..n.min(50) {
-            self.locker.acquire(&name, &opts).await?.release().await?;
-            self.raw.acquire_release(&name).await?;
-        }
-        let (mut lib, mut raw) = (histogram(), histogram());
-        for _ in 0..n {
-            let started = Instant::now();
-            self.locker.acquire(&name, &opts).await?.release().await?;
-            lib.saturating_record(micros(started.elapsed()));
-            let started = Instant::now();
-            self.raw.acquire_release(&name).await?;
-            raw.saturating_record(micros(started.elapsed()));
-            bar.inc(1);
-        }
-        bar.finish_and_clear();
+        let (lib, raw) = self
+            .paired(
+                "uncontended",
+                || async { self.locker.acquire(&name, &opts).await?.release().await },
+                || self.raw.acquire_release(&name),
+            )
+            .await?;
+        let raw = raw.expect("the exclusive raw baseline always runs");
         Ok([("p50", 50.0), ("p99", 99.0), ("p999", 99.9)]
             .into_iter()
             .map(|(label, q)| {
@@ -110,6 +102,103 @@ impl Bench<'_> {
                 Row { raw: Some(r), ratio: Some(l / r), ..self.row("uncontended", label, "µs", l) }
             })
             .collect())
+    }
+
+    /// Times `lib` and `raw` for `--iterations` rounds each, after a warm-up. Library and
+    /// raw calls alternate, so that drift in the machine's load hits both. A raw side
+    /// that answers `Unsupported` is left out (`None`).
+    async fn paired<L, LF, R, RF>(
+        &self,
+        what: &str,
+        lib: L,
+        raw: R,
+    ) -> Result<(Histogram<u64>, Option<Histogram<u64>>), Failure>
+    where
+        L: Fn() -> LF,
+        LF: std::future::Future<Output = Result<(), LockError>>,
+        R: Fn() -> RF,
+        RF: std::future::Future<Output = Result<(), LockError>>,
+    {
+        let n = self.args.iterations;
+        let bar = progress(n as u64, format!("{}: {what}", self.backend));
+        let mut with_raw = match raw().await {
+            Ok(()) => true,
+            Err(LockError::Unsupported(_)) => false,
+            Err(e) => return Err(e.into()),
+        };
+        for _ in 0..n.min(50) {
+            lib().await?;
+            if with_raw {
+                raw().await?;
+            }
+        }
+        let (mut lib_hist, mut raw_hist) = (histogram(), histogram());
+        for _ in 0..n {
+            let started = Instant::now();
+            lib().await?;
+            lib_hist.saturating_record(micros(started.elapsed()));
+            if with_raw {
+                let started = Instant::now();
+                raw().await?;
+                raw_hist.saturating_record(micros(started.elapsed()));
+            }
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        with_raw &= !raw_hist.is_empty();
+        Ok((lib_hist, with_raw.then_some(raw_hist)))
+    }
+
+    /// Uncontended acquire+release of a reader's share, a writer, a permit of 4, and a
+    /// campaign+resign, each beside its raw baseline where the backend has one.
+    async fn primitives(&self) -> Result<Vec<Row>, Failure> {
+        let caps = self.locker.capabilities();
+        let mut kinds = vec![("write", HoldKind::Exclusive)];
+        if caps.shared {
+            kinds.push(("read", HoldKind::Shared));
+        }
+        if caps.permits {
+            kinds.push(("permit of 4", HoldKind::Permit { permits: 4 }));
+        }
+        let mut rows = Vec::new();
+        for (point, kind) in kinds {
+            let name = bench_name(&format!("primitive-{}", kind.as_str()));
+            let opts = LockOptions::new().kind(kind);
+            let (lib, raw) = self
+                .paired(
+                    point,
+                    || async { self.locker.acquire(&name, &opts).await?.release().await },
+                    || self.raw.acquire_release_kind(&name, kind),
+                )
+                .await?;
+            rows.push(self.p50_row(point, &lib, raw.as_ref(), "no raw form of this kind on this backend yet"));
+        }
+        if caps.results {
+            let name = bench_name("primitive-election");
+            let opts = LockOptions::new();
+            let (lib, raw) = self
+                .paired(
+                    "campaign",
+                    || async { campaign(&*self.locker, &name, b"bench", &opts).await?.resign().await },
+                    || self.raw.acquire_release(&name),
+                )
+                .await?;
+            let mut row = self.p50_row("campaign+resign", &lib, raw.as_ref(), "");
+            row.note = "raw = a raw acquire+release; a campaign also stores its value".into();
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+
+    fn p50_row(&self, point: &str, lib: &Histogram<u64>, raw: Option<&Histogram<u64>>, missing: &str) -> Row {
+        let l = lib.value_at_percentile(50.0) as f64;
+        match raw {
+            Some(raw) => {
+                let r = raw.value_at_percentile(50.0) as f64;
+                Row { raw: Some(r), ratio: Some(l / r), ..self.row("primitives", format!("{point} p50"), "µs", l) }
+            }
+            None => Row { note: missing.to_string(), ..self.row("primitives", format!("{point} p50"), "µs", l) },
+        }
     }
 
     async fn throughput(&self) -> Result<Vec<Row>, Failure> {
