@@ -1,5 +1,7 @@
 //! Faults on a 3-member etcd cluster: the leader killed while a lock is held and waited
-//! for, and a holder frozen past its ttl whose guarded write is refused when it wakes.
+//! for, a holder frozen past its ttl whose guarded write is refused when it wakes, the
+//! holder's member partitioned from the majority, and the leader partitioned while grants
+//! are in flight.
 
 mod common;
 
@@ -216,4 +218,120 @@ async fn renewals_move_on_from_a_member_that_hangs() {
         assert!(intruder.is_none(), "another client got the lock while its holder renewed");
     }
     lease.release().await.expect("release");
+}
+
+/// The holder's member is cut off from the other two (its client still reaches it): its
+/// renewals cannot reach a leader, so the holder learns it lost before the majority's
+/// leader expires its lease and grants the waiter; its late fenced write is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_on_a_partitioned_member_learns_first() {
+    dlock_conformance::init_tracing();
+    let mut cluster = start_cluster().await;
+    let leader = cluster.leader().expect("a leader");
+    let cut = (leader + 1) % 3;
+    let endpoints = cluster.endpoints();
+    let only = |i: usize| format!("etcd://{}", endpoints[i].trim_start_matches("http://"));
+    let majority: Vec<String> =
+        (0..3).filter(|&i| i != cut).map(|i| endpoints[i].trim_start_matches("http://").to_string()).collect();
+    let holder = connect(&only(cut)).await;
+    let waiter = connect(&format!("etcd://{}", majority.join(","))).await;
+    let name = unique_name("member-partitioned");
+    let history = History::new();
+    let register = FencedRegister::new(history.clone());
+    let ttl = Duration::from_secs(2);
+
+    history.record(0, Op::Acquire, Phase::Invoke, None);
+    let held = holder.acquire(&name, &LockOptions::watchdog(ttl).wait(MARGIN)).await.expect("acquire");
+    history.record(0, Op::Acquire, Phase::Ok, Some(held.token()));
+    register.write(0, held.token(), 1).expect("the holder writes while it holds");
+    let next = {
+        let (waiter, name, history) = (waiter.clone(), name.clone(), history.clone());
+        tokio::spawn(async move {
+            history.record(1, Op::Acquire, Phase::Invoke, None);
+            let lease = waiter.acquire(&name, &LockOptions::watchdog(ttl).wait(ttl + MARGIN * 2)).await;
+            if let Ok(lease) = &lease {
+                history.record(1, Op::Acquire, Phase::Ok, Some(lease.token()));
+            }
+            lease
+        })
+    };
+    eventually("the waiter is queued", MARGIN, || async {
+        waiter.inspect(&name).await.is_ok_and(|info| info.waiters == Some(1))
+    })
+    .await;
+
+    tokio::task::block_in_place(|| cluster.isolate(cut)).expect("partition the holder's member");
+    let lost = tokio::spawn({
+        let (held, history) = (held.handle(), history.clone());
+        async move {
+            let reason = held.lost().await;
+            history.record(0, Op::Lost, Phase::Ok, None);
+            reason
+        }
+    });
+    let next = next.await.expect("waiter task").expect("the majority grants the waiter once the lease expires");
+    assert!(held.remaining().is_zero(), "the partitioned holder still counted itself valid at the new grant");
+    assert!(next.token() > held.token(), "token {} after {}", next.token(), held.token());
+    let reason = tokio::time::timeout(MARGIN, lost).await.expect("the holder's lost signal").expect("join");
+    assert_ne!(reason, LostReason::Stolen, "a partitioned holder cannot have seen the new holder");
+    register.write(1, next.token(), 2).expect("the new holder writes");
+    assert!(register.write(0, held.token(), 3).is_err(), "the partitioned holder's late write was accepted");
+    assert_eq!(register.value(), 2);
+    history.record(1, Op::Release, Phase::Invoke, None);
+    next.release().await.expect("release");
+    let report = history.check();
+    assert!(report.is_clean(), "history: {report}");
+
+    tokio::task::block_in_place(|| cluster.heal());
+    assert!(matches!(held.release().await, Err(LockError::NotHeld)), "the old holder's release after healing");
+}
+
+/// Four clients take turns while the leader is cut off from the other members for a
+/// while and then let back: no two hold at once, tokens only increase, no stale write is
+/// accepted, the lock keeps being granted, and no hold is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_partitioned_while_grants_are_in_flight() {
+    dlock_conformance::init_tracing();
+    let mut cluster = start_cluster().await;
+    let url = cluster.url();
+    let name = unique_name("leader-partitioned");
+    let history = History::new();
+    let register = Arc::new(FencedRegister::new(history.clone()));
+    let opts = LockOptions::watchdog(Duration::from_secs(2)).wait(Duration::from_secs(30));
+    let until = tokio::time::Instant::now() + Duration::from_secs(8);
+    let mut workers = Vec::new();
+    for process in 0..4 {
+        let client = connect(&url).await;
+        let (name, opts, history, register) = (name.clone(), opts.clone(), history.clone(), register.clone());
+        workers.push(tokio::spawn(async move {
+            let mut granted = 0usize;
+            while tokio::time::Instant::now() < until {
+                let hold = Duration::from_millis(20);
+                if hold_once(process, &client, &name, &opts, &history, &register, hold).await.is_ok() {
+                    granted += 1;
+                }
+            }
+            granted
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let leader = cluster.leader().expect("a leader");
+    tokio::task::block_in_place(|| cluster.isolate(leader)).expect("partition the leader");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::block_in_place(|| cluster.heal());
+    let mut granted = 0;
+    for worker in workers {
+        granted += worker.await.expect("worker");
+    }
+    let report = history.check();
+    assert!(report.is_clean(), "history: {report}");
+    assert!(granted >= 8, "only {granted} grants in 8 s around a partition");
+    let admin = connect(&url).await;
+    eventually("no hold is left behind", MARGIN, || async {
+        match admin.try_acquire(&name, &LockOptions::watchdog(Duration::from_secs(2))).await {
+            Ok(Some(lease)) => lease.release().await.is_ok(),
+            _ => false,
+        }
+    })
+    .await;
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use super::peer_gate::PeerGate;
 use super::{free_port, poll, program, retry, CommandSpec, Kind, Node, Server, ServerProcess};
 
 /// Server-side TLS for the client port.
@@ -129,7 +130,7 @@ pub type EtcdServer = Server<Etcd>;
 impl Server<Etcd> {
     /// Starts a single-member etcd on free ports and waits until it is healthy.
     pub fn start(config: &EtcdConfig) -> io::Result<Self> {
-        let (mut members, dir) = start_members(1, config)?;
+        let (mut members, _, dir) = start_members(1, config)?;
         Ok(Server { node: members.remove(0), _dir: dir })
     }
 
@@ -144,10 +145,15 @@ impl Server<Etcd> {
     }
 }
 
-/// A cluster of etcd members on loopback ports, sharing one temporary directory.
+/// A cluster of etcd members on loopback ports, sharing one temporary directory. Each
+/// member's peers reach it through a [`PeerGate`], so that members can be partitioned
+/// from each other ([`isolate`](EtcdCluster::isolate)).
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<EtcdMember>,
+    gates: Vec<PeerGate>,
+    /// Each member's id as its peers name it, learnt at the first partition.
+    ids: Vec<String>,
     _dir: TempDir,
 }
 
@@ -157,8 +163,44 @@ impl EtcdCluster {
         if size == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "a cluster needs at least one member"));
         }
-        let (members, dir) = start_members(size, config)?;
-        Ok(EtcdCluster { members, _dir: dir })
+        let (members, gates, dir) = start_members(size, config)?;
+        Ok(EtcdCluster { members, gates, ids: Vec::new(), _dir: dir })
+    }
+
+    /// Cuts member `index` off from every other member, both ways: its peers refuse its
+    /// connections and it refuses theirs. Its clients still reach it.
+    pub fn isolate(&mut self, index: usize) -> io::Result<()> {
+        let ids = self.member_ids()?;
+        for (i, gate) in self.gates.iter().enumerate() {
+            if i == index {
+                ids.iter().enumerate().filter(|&(j, _)| j != index).for_each(|(_, id)| gate.refuse(id));
+            } else {
+                gate.refuse(&ids[index]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets every member reach every other again.
+    pub fn heal(&mut self) {
+        self.gates.iter().for_each(PeerGate::admit_all);
+    }
+
+    /// The members' ids (in member order), read once from a member's peer listing.
+    fn member_ids(&mut self) -> io::Result<Vec<String>> {
+        if self.ids.is_empty() {
+            let listing = (0..self.members.len())
+                .filter(|&i| self.members[i].is_running())
+                .find_map(|i| http_get(self.gates[i].addr(), "/members").ok())
+                .ok_or_else(|| io::Error::other("no member answered /members"))?;
+            self.ids = (0..self.members.len())
+                .map(|i| {
+                    member_id(&listing, &format!("m{i}"))
+                        .ok_or_else(|| io::Error::other(format!("m{i} is not in the listing: {listing}")))
+                })
+                .collect::<io::Result<_>>()?;
+        }
+        Ok(self.ids.clone())
     }
 
     /// How many members the cluster has.
@@ -228,23 +270,49 @@ struct Ports {
     health: u16,
 }
 
+/// The id of the member named `name` in a peer `/members` listing (a JSON array of
+/// objects with a numeric `"id"` and a `"name"`), in hex, as peers send it in
+/// `X-Server-From`.
+fn member_id(listing: &str, name: &str) -> Option<String> {
+    let quoted = format!("\"name\":\"{name}\"");
+    let member = listing.split("\"id\":").skip(1).find(|member| member.contains(&quoted))?;
+    let digits: String = member.chars().take_while(char::is_ascii_digit).collect();
+    Some(format!("{:x}", digits.parse::<u64>().ok()?))
+}
+
 /// Starts `size` members, retrying the whole set on fresh ports when one fails to start
-/// (which is what happens when another process took a port first).
-fn start_members(size: usize, config: &EtcdConfig) -> io::Result<(Vec<EtcdMember>, TempDir)> {
+/// (which is what happens when another process took a port first). A cluster of more
+/// than one member gets a gate in front of each member's peer listener.
+fn start_members(size: usize, config: &EtcdConfig) -> io::Result<(Vec<EtcdMember>, Vec<PeerGate>, TempDir)> {
     let program = program("etcd", &["/usr/bin", "/usr/local/bin"])?;
     retry(5, || {
         let dir = data_root()?;
-        Ok((try_start(&program, size, config, dir.path())?, dir))
+        let (members, gates) = try_start(&program, size, config, dir.path())?;
+        Ok((members, gates, dir))
     })
 }
 
-fn try_start(program: &Path, size: usize, config: &EtcdConfig, dir: &Path) -> io::Result<Vec<EtcdMember>> {
+fn try_start(
+    program: &Path,
+    size: usize,
+    config: &EtcdConfig,
+    dir: &Path,
+) -> io::Result<(Vec<EtcdMember>, Vec<PeerGate>)> {
     let ports = (0..size)
         .map(|_| Ok(Ports { client: free_port()?, peer: free_port()?, health: free_port()? }))
         .collect::<io::Result<Vec<_>>>()?;
+    let gates = if size > 1 {
+        ports.iter().map(|p| PeerGate::start(SocketAddr::from(([127, 0, 0, 1], p.peer)))).collect::<io::Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    // What peers dial: the member's gate when it has one.
+    let advertised = |i: usize| match gates.get(i) {
+        Some(gate) => format!("http://{}", gate.addr()),
+        None => format!("http://127.0.0.1:{}", ports[i].peer),
+    };
     let token = format!("dlock-{:016x}", fastrand::u64(..));
-    let initial_cluster: Vec<String> =
-        ports.iter().enumerate().map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.peer)).collect();
+    let initial_cluster: Vec<String> = (0..size).map(|i| format!("m{i}={}", advertised(i))).collect();
     let initial_cluster = initial_cluster.join(",");
     let scheme = if config.tls.is_some() { "https" } else { "http" };
 
@@ -253,6 +321,7 @@ fn try_start(program: &Path, size: usize, config: &EtcdConfig, dir: &Path) -> io
         let name = format!("m{i}");
         let client_url = format!("{scheme}://127.0.0.1:{}", p.client);
         let peer_url = format!("http://127.0.0.1:{}", p.peer);
+        let advertised_peer_url = advertised(i);
         let mut args = vec![
             "--name".to_string(),
             name.clone(),
@@ -265,7 +334,7 @@ fn try_start(program: &Path, size: usize, config: &EtcdConfig, dir: &Path) -> io
             "--listen-peer-urls".into(),
             peer_url.clone(),
             "--initial-advertise-peer-urls".into(),
-            peer_url,
+            advertised_peer_url,
             "--listen-metrics-urls".into(),
             format!("http://127.0.0.1:{}", p.health),
             "--initial-cluster".into(),
@@ -304,7 +373,7 @@ fn try_start(program: &Path, size: usize, config: &EtcdConfig, dir: &Path) -> io
         // On failure the members are dropped, which kills them.
         member.wait_ready()?;
     }
-    Ok(members)
+    Ok((members, gates))
 }
 
 /// A `GET` over plain HTTP/1.0 (so the body is never chunked) to the metrics listener;

@@ -6,6 +6,7 @@
 
 pub mod etcd;
 pub mod mariadb;
+pub mod peer_gate;
 pub mod postgres;
 pub mod redis;
 pub mod tls;
