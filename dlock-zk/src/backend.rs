@@ -9,6 +9,11 @@
 //! and lost reasons. This recipe keeps its node layout (`_c_<uuid>-lock-<sequence>`, so
 //! Curator clients queue in the same order) and its recovery of a create whose reply was
 //! lost (the uuid finds the node), and adds what the contract needs.
+//!
+//! Readers and permits queue in the same sequence as the mutex, in the shape of Curator's
+//! read-write lock: the kind is in the node's name, a node is granted when its kind is
+//! compatible with every node ahead of it, and a waiter watches only a node whose
+//! deletion it needs (see `znode::turn`). Every kind takes its node's czxid as its token.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -74,7 +79,9 @@ impl ZkBackend {
     }
 
     /// How many watch notifications this client's waiters received: with the
-    /// predecessor watch, one per hand-off to one of them, whatever the queue's length.
+    /// predecessor watch, one per hand-off of a mutex to one of them, whatever the
+    /// queue's length (readers behind a writer each get one when it leaves; a permit
+    /// waiter of `n` gets one per release among the `n` nodes just ahead of it).
     pub fn watch_events(&self) -> u64 {
         self.watch_events.load(Ordering::Relaxed)
     }
@@ -111,7 +118,7 @@ impl ZkBackend {
     /// cancellation) changes nothing the lock depends on.
     async fn reenter(&self, req: &Request, started: Instant) -> Result<Option<Attempt<ZkHold>>, LockError> {
         for session in self.live_sessions() {
-            let Some(node) = session.held_by(&req.name, &req.owner) else { continue };
+            let Some(node) = session.held_by(&req.name, &req.owner, req.kind) else { continue };
             let store =
                 |count: u32| session.client().set_data(&node.path, &znode::encode_data(&node.owner, count), None);
             let propose = || node.with_count(|count| (count + 1, store(count + 1)));
@@ -184,7 +191,7 @@ impl ZkBackend {
         let session = ticket.session.clone();
         let client = session.client();
         let settings = &self.settings;
-        let prefix = znode::node_prefix(&ticket.lock_path, &ticket.uuid);
+        let prefix = znode::node_prefix(&ticket.lock_path, &ticket.uuid, req.kind);
         let data = znode::encode_data(&req.owner, 1);
         let options = zk::CreateMode::EphemeralSequential.with_acls(settings.acls());
         loop {
@@ -305,17 +312,14 @@ impl ZkBackend {
                 t.watcher = None;
                 continue;
             };
-            if position == 0 {
+            let watch = match znode::turn(&queue, position) {
+                znode::Turn::Granted => None,
+                znode::Turn::Wait(ahead) => Some(ahead),
+            };
+            let Some(ahead) = watch else {
                 session.confirm(sent);
-                let node = Arc::new(Node::new(
-                    req.name.clone(),
-                    req.owner.clone(),
-                    t.lock_path.clone(),
-                    own_path,
-                    t.uuid.clone(),
-                    token,
-                    started + req.ttl(),
-                ));
+                let node =
+                    Arc::new(Node::new(req, t.lock_path.clone(), own_path, t.uuid.clone(), token, started + req.ttl()));
                 if !session.grant(node.clone()) {
                     return Err(LockError::unavailable("the ZooKeeper session ended"));
                 }
@@ -323,21 +327,40 @@ impl ZkBackend {
                     granted.settled = true;
                 }
                 return Ok(Attempt::Granted { hold: self.hold(req, session, node), token });
-            }
+            };
             if !req.blocking {
                 return Ok(Attempt::Busy { retry_after: None });
             }
-            // Watch only the node just ahead: its deletion is the only event that can
-            // make us the head, and nobody else is woken by it (no herd).
-            let ahead = format!("{}/{}", t.lock_path, queue[position - 1].name);
-            match retrying(|| client.get_and_watch_data(&ahead)).await {
-                Ok((_, _, watcher)) => {
-                    t.watcher = Some(Box::pin(watcher.changed()));
-                    return Ok(Attempt::Busy { retry_after: None });
+            // Watch only the nodes the grant rule names: no grant of ours can come before
+            // one of them is deleted, and nobody else is woken by it (no herd). For a
+            // mutex it is the one node just ahead.
+            let paths: Vec<String> =
+                ahead.iter().filter_map(|&i| queue.get(i)).map(|c| format!("{}/{}", t.lock_path, c.name)).collect();
+            let watches = paths.iter().map(|path| retrying(move || client.get_and_watch_data(path)));
+            let mut watchers = Vec::with_capacity(paths.len());
+            let mut gone = false;
+            for watched in futures::future::join_all(watches).await {
+                match watched {
+                    Ok((_, _, watcher)) => watchers.push(watcher),
+                    Err(zk::Error::NoNode) => gone = true,
+                    Err(err) => return Err(lock_error("watch the node ahead", err)),
                 }
-                Err(zk::Error::NoNode) => continue,
-                Err(err) => return Err(lock_error("watch the node ahead", err)),
             }
+            // A node went between the list and the watch: look again.
+            if gone {
+                continue;
+            }
+            // Without a watch (the rule named no node, which it never does for a node in
+            // the queue) the wait polls instead.
+            t.watcher = match watchers.len() {
+                0 => None,
+                1 => Some(Box::pin(watchers.swap_remove(0).changed())),
+                _ => Some(Box::pin(async move {
+                    let changes = watchers.into_iter().map(|w| Box::pin(w.changed()));
+                    futures::future::select_all(changes).await.0
+                })),
+            };
+            return Ok(Attempt::Busy { retry_after: None });
         }
     }
 }
@@ -363,7 +386,7 @@ async fn store_count(
     outcome
 }
 
-/// The holder and queue length of the lock at `lock_path`.
+/// The newest holder and the number of waiters of the lock at `lock_path`.
 async fn read_queue(session: &Session, lock_path: &str) -> Result<LockInfo, LockError> {
     let client = session.client();
     loop {
@@ -373,16 +396,20 @@ async fn read_queue(session: &Session, lock_path: &str) -> Result<LockInfo, Lock
             Err(err) => return Err(lock_error("list", err)),
         };
         let queue = znode::queue(children);
-        let Some(head) = queue.first() else { return Ok(LockInfo { holder: None, waiters: Some(0) }) };
-        let head_path = format!("{lock_path}/{}", head.name);
-        match retrying(|| client.get_data(&head_path)).await {
+        let granted: Vec<&znode::Contender> =
+            queue.iter().zip(znode::granted(&queue)).filter(|(_, granted)| *granted).map(|(c, _)| c).collect();
+        // Readers and permits hold together: report the newest, as the memory backend does.
+        let Some(newest) = granted.last() else { return Ok(LockInfo { holder: None, waiters: Some(0) }) };
+        let waiters = queue.len() - granted.len();
+        let newest_path = format!("{lock_path}/{}", newest.name);
+        match retrying(|| client.get_data(&newest_path)).await {
             Ok((data, stat)) => {
                 let (owner, count) = znode::decode_data(&data);
                 // The hold lasts as long as its holder's session: no ttl to report.
                 let holder = Holder { owner, token: token_of(&stat), count, remaining: None };
-                return Ok(LockInfo { holder: Some(holder), waiters: Some(queue.len() - 1) });
+                return Ok(LockInfo { holder: Some(holder), waiters: Some(waiters) });
             }
-            // The head left between the two reads: look again.
+            // The holder left between the two reads: look again.
             Err(zk::Error::NoNode) => continue,
             Err(err) => return Err(lock_error("read the lock node", err)),
         }
@@ -414,7 +441,7 @@ impl std::fmt::Debug for ZkHold {
 type EventFuture = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 
 /// A waiter's place: its node in the lock's queue (once created) and the watch on the
-/// node just ahead of it.
+/// nodes ahead of it whose deletion it waits for.
 pub struct ZkTicket {
     session: Arc<Session>,
     lock_path: String,
@@ -489,7 +516,7 @@ impl Backend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { shared: false, permits: false, ..Capabilities::ALL }
+        Capabilities::ALL
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<ZkTicket>) -> Result<Attempt<ZkHold>, LockError> {

@@ -2,7 +2,7 @@
 //! and of a renewal, sent through `zookeeper-client` directly.
 
 use async_trait::async_trait;
-use dlock_core::{ConnectConfig, LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
+use dlock_core::{ConnectConfig, HoldKind, LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
@@ -55,7 +55,7 @@ impl ZkBaseline {
 impl RawBaseline for ZkBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
         let lock_path = self.settings.config.lock_path(name);
-        let prefix = znode::node_prefix(&lock_path, "raw-baseline");
+        let prefix = znode::node_prefix(&lock_path, "raw-baseline", HoldKind::Exclusive);
         let data = znode::encode_data(&self.owner, 1);
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.settings.acls());
         loop {

@@ -1,11 +1,11 @@
-//! A granted hold: its node, its owner and hold count, its client-side expiry, and the
-//! lost signals of the leases riding on it.
+//! A granted hold: its node, its owner, kind and hold count, its client-side expiry, and
+//! the lost signals of the leases riding on it.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use dlock_core::backend::{lock_unpoisoned, LostSignal};
-use dlock_core::{FencingToken, LockName, LostReason, OwnerId};
+use dlock_core::backend::{lock_unpoisoned, LostSignal, Request};
+use dlock_core::{FencingToken, HoldKind, LockName, LostReason, OwnerId};
 
 use crate::znode::Unwanted;
 
@@ -13,6 +13,8 @@ use crate::znode::Unwanted;
 pub(crate) struct Node {
     pub(crate) name: LockName,
     pub(crate) owner: OwnerId,
+    /// The kind of hold the node was granted as: the owner re-enters only this kind.
+    pub(crate) kind: HoldKind,
     pub(crate) lock_path: String,
     pub(crate) path: String,
     pub(crate) uuid: String,
@@ -42,9 +44,9 @@ pub(crate) enum CountChange {
 }
 
 impl Node {
+    /// The node at `path` granted to `req`.
     pub(crate) fn new(
-        name: LockName,
-        owner: OwnerId,
+        req: &Request,
         lock_path: String,
         path: String,
         uuid: String,
@@ -52,8 +54,9 @@ impl Node {
         expires_at: Instant,
     ) -> Self {
         Node {
-            name,
-            owner,
+            name: req.name.clone(),
+            owner: req.owner.clone(),
+            kind: req.kind,
             lock_path,
             path,
             uuid,

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::backend::lock_unpoisoned;
 use dlock_core::ConnectConfig;
-use dlock_core::{LockError, LockName, LostReason, OwnerId};
+use dlock_core::{HoldKind, LockError, LockName, LostReason, OwnerId};
 use futures::future::join_all;
 use tokio::sync::Notify;
 use zookeeper_client as zk;
@@ -56,8 +56,9 @@ const CONNECT_RETRY: Duration = Duration::from_millis(50);
 struct Registry {
     /// Granted nodes by uuid.
     held: HashMap<String, Arc<Node>>,
-    /// The uuid of the node an owner holds on a lock, for re-entrant acquires.
-    owners: HashMap<(LockName, OwnerId), String>,
+    /// The uuid of the node an owner holds on a lock as each kind, for re-entrant
+    /// acquires.
+    owners: HashMap<(LockName, OwnerId, HoldKind), String>,
     unwanted: Vec<Unwanted>,
     /// Heartbeats in flight.
     heartbeats: usize,
@@ -236,7 +237,7 @@ impl Session {
             if registry.ended.is_some() || self.client.state().is_terminated() {
                 return false;
             }
-            registry.owners.insert((node.name.clone(), node.owner.clone()), node.uuid.clone());
+            registry.owners.insert(owner_key(&node), node.uuid.clone());
             let expires_at = node.expires_at();
             registry.next_expiry = Some(registry.next_expiry.map_or(expires_at, |next| next.min(expires_at)));
             registry.held.insert(node.uuid.clone(), node);
@@ -245,10 +246,10 @@ impl Session {
         true
     }
 
-    /// The node `owner` holds on `name` through this session, if any is live.
-    pub(crate) fn held_by(&self, name: &LockName, owner: &OwnerId) -> Option<Arc<Node>> {
+    /// The node `owner` holds on `name` as `kind` through this session, if any is live.
+    pub(crate) fn held_by(&self, name: &LockName, owner: &OwnerId, kind: HoldKind) -> Option<Arc<Node>> {
         let registry = self.registry();
-        let uuid = registry.owners.get(&(name.clone(), owner.clone()))?;
+        let uuid = registry.owners.get(&(name.clone(), owner.clone(), kind))?;
         registry.held.get(uuid).filter(|node| node.is_live()).cloned()
     }
 
@@ -258,7 +259,7 @@ impl Session {
         if registry.held.get(&node.uuid).is_some_and(|held| std::ptr::eq(&**held, node)) {
             registry.held.remove(&node.uuid);
         }
-        let key = (node.name.clone(), node.owner.clone());
+        let key = owner_key(node);
         if registry.owners.get(&key) == Some(&node.uuid) {
             registry.owners.remove(&key);
         }
@@ -403,7 +404,7 @@ impl Session {
             let reason = if self.is_connected() { LostReason::Expired } else { LostReason::BackendUnavailable };
             for uuid in expired {
                 if let Some(node) = registry.held.remove(&uuid) {
-                    registry.owners.remove(&(node.name.clone(), node.owner.clone()));
+                    registry.owners.remove(&owner_key(&node));
                     registry.unwanted.push(node.unwanted());
                     lost.push((node, reason));
                 }
@@ -527,6 +528,10 @@ async fn run_heartbeat(session: Arc<Session>, paths: Vec<String>) {
 /// The guard of a session of this negotiated timeout; see [`Session::guard`].
 pub(crate) fn guard_for(negotiated: Duration) -> Duration {
     negotiated / 4 + negotiated / 10 + dlock_core::drift(negotiated)
+}
+
+fn owner_key(node: &Node) -> (LockName, OwnerId, HoldKind) {
+    (node.name.clone(), node.owner.clone(), node.kind)
 }
 
 /// The library's connection timeout for a session of this requested timeout.

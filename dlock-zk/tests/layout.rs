@@ -55,6 +55,35 @@ async fn lock_nodes_and_their_cleanup() {
     next.release().await.expect("release");
 }
 
+/// A reader's node is `_c_<uuid>-read-lock-<sequence>` and a permit's
+/// `_c_<uuid>-permit-<n>-lock-<sequence>`, queued in the one sequence of the lock with
+/// the mutex's nodes; every kind's token is its node's czxid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reader_and_permit_nodes_carry_their_kind() {
+    dlock_conformance::init_tracing();
+    let fixture = ZkFixture::standalone().await;
+    let admin = fixture.admin().await;
+    let (a, b) = (fixture.zk_client().await, fixture.zk_client().await);
+    let (rw, sem) = (unique_name("layout/rw"), unique_name("layout/sem"));
+    let reader = a.acquire(&rw, &LockOptions::watchdog(TTL).read()).await.expect("read");
+    let writer = b.try_acquire(&rw, &LockOptions::watchdog(TTL).write()).await.expect("write");
+    assert!(writer.is_none(), "a writer beside a reader");
+    let permit = a.acquire(&sem, &LockOptions::watchdog(TTL).permits(3)).await.expect("permit");
+
+    for (name, lease, mark) in [(&rw, &reader, "-read-lock-"), (&sem, &permit, "-permit-3-lock-")] {
+        let lock_path = fixture.config().lock_path(name);
+        let children = common::queue(&admin, &lock_path).await;
+        assert_eq!(children.len(), 1, "the refused writer left its node behind: {children:?}");
+        let node = &children[0];
+        assert!(node.starts_with("_c_") && node.contains(mark), "{node}");
+        let (data, stat) = admin.get_data(&format!("{lock_path}/{node}")).await.expect("read the node");
+        assert!(String::from_utf8_lossy(&data).starts_with("1 "), "the count and owner");
+        assert_eq!(stat.czxid as u64, lease.token().get(), "the token is the node's czxid");
+    }
+    reader.release().await.expect("release");
+    permit.release().await.expect("release");
+}
+
 /// A `Fixed` lease's node is deleted by the client when the lease runs out, while its
 /// session (and another lease on it) lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
