@@ -54,8 +54,13 @@ impl ZkBaseline {
 #[async_trait]
 impl RawBaseline for ZkBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
+        self.acquire_release_kind(name, HoldKind::Exclusive).await
+    }
+
+    /// The same requests for every kind: only the node's name differs.
+    async fn acquire_release_kind(&self, name: &LockName, kind: HoldKind) -> Result<(), LockError> {
         let lock_path = self.settings.config.lock_path(name);
-        let prefix = znode::node_prefix(&lock_path, "raw-baseline", HoldKind::Exclusive);
+        let prefix = znode::node_prefix(&lock_path, "raw-baseline", kind);
         let data = znode::encode_data(&self.owner, 1);
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.settings.acls());
         loop {
