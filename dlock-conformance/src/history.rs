@@ -6,13 +6,18 @@
 //! valid lease. The checker reports holds that overlap, tokens that do not strictly
 //! increase in grant order, and writes a [`FencedRegister`] accepted from a holder that
 //! a newer holder had already superseded.
+//!
+//! Holds are exclusive unless a process said otherwise ([`History::set_kind`]): then
+//! only holds that may not be held together count as overlapping (a writer with anyone,
+//! more permits than a permit's own count), and tokens must increase between holds of
+//! which one excludes the other.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlock_core::backend::lock_unpoisoned;
-use dlock_core::FencingToken;
+use dlock_core::{FencingToken, HoldKind};
 
 /// The operations the checker knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,11 +65,13 @@ pub struct Event {
 pub struct History {
     start: Instant,
     events: Mutex<Vec<Event>>,
+    /// (when, process, kind): the kind of the holds a process starts from then on.
+    kinds: Mutex<Vec<(Duration, usize, HoldKind)>>,
 }
 
 impl Default for History {
     fn default() -> Self {
-        History { start: Instant::now(), events: Mutex::new(Vec::new()) }
+        History { start: Instant::now(), events: Mutex::new(Vec::new()), kinds: Mutex::new(Vec::new()) }
     }
 }
 
@@ -79,6 +86,19 @@ pub struct HoldSpan {
     pub start: Duration,
     /// To the release's invoke or the lost signal (`Duration::MAX` if neither came).
     pub end: Duration,
+    /// What kind of hold it was.
+    pub kind: HoldKind,
+}
+
+impl HoldSpan {
+    fn overlaps(&self, other: &HoldSpan) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+
+    /// Whether the two may not be held together at all (whatever else is held).
+    fn excludes(&self, other: &HoldSpan) -> bool {
+        !self.kind.admits(other.kind, 0) || !other.kind.admits(self.kind, 0)
+    }
 }
 
 /// What the checker found.
@@ -133,6 +153,18 @@ impl History {
         lock_unpoisoned(&self.events).push(Event { process, op, phase, at, token });
     }
 
+    /// Says that the holds `process` starts from now on are of `kind` (until it says
+    /// otherwise). Without it, every hold is exclusive.
+    pub fn set_kind(&self, process: usize, kind: HoldKind) {
+        let at = self.start.elapsed();
+        lock_unpoisoned(&self.kinds).push((at, process, kind));
+    }
+
+    /// The kind `process` had set by `at`.
+    fn kind_at(kinds: &[(Duration, usize, HoldKind)], process: usize, at: Duration) -> HoldKind {
+        kinds.iter().rev().find(|(when, p, _)| *p == process && *when <= at).map_or(HoldKind::Exclusive, |k| k.2)
+    }
+
     /// Appends an event stamped elsewhere: by another process whose monotonic clock is
     /// this one's (as on one machine), counted from the moment this history began.
     pub fn record_at(&self, event: Event) {
@@ -147,15 +179,16 @@ impl History {
     /// The holds the history shows, in grant order.
     pub fn holds(&self) -> Vec<HoldSpan> {
         let events = self.events();
+        let kinds = lock_unpoisoned(&self.kinds).clone();
         let mut open: std::collections::HashMap<usize, HoldSpan> = std::collections::HashMap::new();
         let mut holds = Vec::new();
         for e in &events {
             match (e.op, e.phase) {
                 (Op::Acquire, Phase::Ok) => {
                     if let Some(token) = e.token {
-                        if let Some(prev) = open
-                            .insert(e.process, HoldSpan { process: e.process, token, start: e.at, end: Duration::MAX })
-                        {
+                        let kind = Self::kind_at(&kinds, e.process, e.at);
+                        let hold = HoldSpan { process: e.process, token, start: e.at, end: Duration::MAX, kind };
+                        if let Some(prev) = open.insert(e.process, hold) {
                             holds.push(prev);
                         }
                     }
@@ -178,23 +211,27 @@ impl History {
     pub fn check(&self) -> Report {
         let holds = self.holds();
         let mut report = Report { holds: holds.len(), ..Report::default() };
-        let mut latest: Option<HoldSpan> = None;
-        for pair in holds.windows(2) {
-            if pair[1].token <= pair[0].token {
-                report.token_regressions.push((pair[0], pair[1]));
-            }
-        }
-        for hold in &holds {
-            if let Some(prev) = latest {
-                if hold.start < prev.end {
-                    report.overlaps.push((prev, *hold));
+        if holds.iter().all(|h| h.kind == HoldKind::Exclusive) {
+            let mut latest: Option<HoldSpan> = None;
+            for pair in holds.windows(2) {
+                if pair[1].token <= pair[0].token {
+                    report.token_regressions.push((pair[0], pair[1]));
                 }
-                if hold.end > prev.end {
+            }
+            for hold in &holds {
+                if let Some(prev) = latest {
+                    if hold.start < prev.end {
+                        report.overlaps.push((prev, *hold));
+                    }
+                    if hold.end > prev.end {
+                        latest = Some(*hold);
+                    }
+                } else {
                     latest = Some(*hold);
                 }
-            } else {
-                latest = Some(*hold);
             }
+        } else {
+            check_kinds(&holds, &mut report);
         }
         for e in self.events() {
             if let (Op::Write, Phase::Ok, Some(token)) = (e.op, e.phase, e.token) {
@@ -204,6 +241,35 @@ impl History {
             }
         }
         report
+    }
+}
+
+/// The checks for holds of several kinds: an overlap is two holds that exclude each
+/// other, or a permit granted while its own count of permits or more were held; a token
+/// regression is a hold granted after one it excludes with a token not above it.
+fn check_kinds(holds: &[HoldSpan], report: &mut Report) {
+    for (i, later) in holds.iter().enumerate() {
+        let mut permits_held = 0usize;
+        for earlier in &holds[..i] {
+            if earlier.excludes(later) {
+                if earlier.overlaps(later) {
+                    report.overlaps.push((*earlier, *later));
+                } else if later.token <= earlier.token {
+                    report.token_regressions.push((*earlier, *later));
+                }
+            } else if earlier.end > later.start && matches!(earlier.kind, HoldKind::Permit { .. }) {
+                // Holds come in grant order: this one was still held when `later` began.
+                permits_held += 1;
+            }
+        }
+        if let HoldKind::Permit { permits } = later.kind {
+            if permits_held >= permits as usize {
+                // One more than allowed: report it beside the last permit it joined.
+                if let Some(joined) = holds[..i].iter().rev().find(|h| h.end > later.start && !h.excludes(later)) {
+                    report.overlaps.push((*joined, *later));
+                }
+            }
+        }
     }
 }
 
@@ -284,6 +350,39 @@ mod tests {
         let report = h.check();
         assert_eq!(report.overlaps.len(), 1);
         assert_eq!(report.token_regressions.len(), 1);
+    }
+
+    #[test]
+    fn readers_may_overlap_but_not_a_writer_or_one_permit_too_many() {
+        let h = History::new();
+        h.set_kind(0, HoldKind::Shared);
+        h.set_kind(1, HoldKind::Shared);
+        h.record(0, Op::Acquire, Phase::Ok, t(2));
+        h.record(1, Op::Acquire, Phase::Ok, t(1));
+        h.record(0, Op::Release, Phase::Invoke, None);
+        h.record(1, Op::Release, Phase::Invoke, None);
+        h.record(2, Op::Acquire, Phase::Ok, t(3));
+        h.record(2, Op::Release, Phase::Invoke, None);
+        let report = h.check();
+        assert_eq!(report.holds, 3);
+        assert!(report.is_clean(), "readers together, then a writer above both: {report}");
+
+        h.record(0, Op::Acquire, Phase::Ok, t(4));
+        h.record(2, Op::Acquire, Phase::Ok, t(5));
+        let report = h.check();
+        assert_eq!(report.overlaps.len(), 1, "a writer beside a reader: {report}");
+
+        let h = History::new();
+        for p in 0..3 {
+            h.set_kind(p, HoldKind::Permit { permits: 2 });
+        }
+        h.record(0, Op::Acquire, Phase::Ok, t(1));
+        h.record(1, Op::Acquire, Phase::Ok, t(2));
+        h.record(0, Op::Lost, Phase::Ok, None);
+        h.record(2, Op::Acquire, Phase::Ok, t(3));
+        assert!(h.check().is_clean(), "two of two permits at a time");
+        h.record(0, Op::Acquire, Phase::Ok, t(4));
+        assert_eq!(h.check().overlaps.len(), 1, "a third of two permits");
     }
 
     #[test]

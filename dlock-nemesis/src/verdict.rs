@@ -190,6 +190,7 @@ mod tests {
             token: FencingToken::new(token),
             start: Duration::from_millis(start),
             end: Duration::from_millis(end),
+            kind: dlock_core::HoldKind::Exclusive,
         }
     }
 

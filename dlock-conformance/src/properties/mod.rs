@@ -155,6 +155,7 @@ macro_rules! for_each_case {
             semaphore_permits_change_at_run_time: Clients,
             semaphore_permit_of_a_vanished_holder_comes_back: Faults,
             hold_kinds_exclude_each_other: Clients,
+            hold_kinds_survive_frozen_holders: Faults,
             election_one_leader_per_term_seen_in_order: Clients,
             election_vanished_leader_is_replaced_after_it_knows: Faults,
         }

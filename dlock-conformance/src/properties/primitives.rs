@@ -2,7 +2,7 @@
 //! and semaphores (permits). A backend that does not claim the capability must refuse
 //! both kinds of request with `Unsupported`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,7 @@ use dlock_core::{HoldKind, LockName, LockOptions, Locker};
 
 use super::{assert_unsupported, eventually, unique_name, watchdog};
 use crate::fixture::{Faults, Fixture};
+use crate::history::{History, Op, Phase};
 
 /// Whether the backend grants `kind`; if it does not, checks that it says so, for both
 /// a blocking and a non-blocking request.
@@ -348,4 +349,86 @@ pub async fn cancelled_reader_leaves_nothing(f: &dyn Fixture) {
         }
     })
     .await;
+}
+
+/// Four clients take turns as writers, readers and holders of one of two permits, and
+/// two of them are frozen (their links black-holed) in the middle of a hold for longer
+/// than the ttl: the history checker finds no writer beside anyone, never more permits
+/// than their count, no permit beside a reader or writer, and tokens increasing between
+/// holds of which one excludes the other.
+pub async fn hold_kinds_survive_frozen_holders(f: &dyn Faults) {
+    let name = unique_name("kinds-frozen");
+    let probe = f.client().await;
+    if !grants(&*probe, &name, HoldKind::Shared).await | !grants(&*probe, &name, HoldKind::Permit { permits: 2 }).await
+    {
+        return;
+    }
+    let timing = f.timing();
+    let history = History::new();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(f.faulty_client().await);
+    }
+    let holding: Arc<[AtomicBool; 4]> = Arc::new(Default::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for (process, client) in clients.iter().enumerate() {
+        let (locker, name, history, holding, stop) =
+            (client.locker.clone(), name.clone(), history.clone(), holding.clone(), stop.clone());
+        // The two clients that get frozen hold long enough to be caught holding.
+        let hold = if process < 2 { timing.ttl / 4 } else { Duration::from_millis(5) };
+        workers.push(tokio::spawn(async move {
+            let mut round = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                round += 1;
+                let kind = match (process + round) % 4 {
+                    0 => HoldKind::Exclusive,
+                    2 => HoldKind::Permit { permits: 2 },
+                    _ => HoldKind::Shared,
+                };
+                history.set_kind(process, kind);
+                history.record(process, Op::Acquire, Phase::Invoke, None);
+                let opts = LockOptions::watchdog(timing.ttl).wait(timing.ttl).kind(kind);
+                let lease = match locker.acquire(&name, &opts).await {
+                    Ok(lease) => lease,
+                    Err(_) => {
+                        history.record(process, Op::Acquire, Phase::Fail, None);
+                        continue;
+                    }
+                };
+                history.record(process, Op::Acquire, Phase::Ok, Some(lease.token()));
+                holding[process].store(true, Ordering::SeqCst);
+                let lost = tokio::select! {
+                    _ = lease.lost() => true,
+                    _ = tokio::time::sleep(hold) => false,
+                };
+                holding[process].store(false, Ordering::SeqCst);
+                if lost || lease.is_lost() {
+                    history.record(process, Op::Lost, Phase::Ok, None);
+                } else {
+                    history.record(process, Op::Release, Phase::Invoke, None);
+                }
+                let _ = lease.release().await;
+            }
+        }));
+    }
+    for frozen in &clients[..2] {
+        let process = clients.iter().position(|c| std::ptr::eq(c, frozen)).expect("a client");
+        eventually("the client to freeze holds", timing.ttl * 4 + timing.margin, || {
+            let holding = holding.clone();
+            async move { holding[process].load(Ordering::SeqCst) }
+        })
+        .await;
+        frozen.link.blackhole();
+        tokio::time::sleep(timing.ttl + timing.ttl / 2).await;
+        frozen.link.restore();
+    }
+    tokio::time::sleep(timing.ttl / 2).await;
+    stop.store(true, Ordering::SeqCst);
+    for worker in workers {
+        worker.await.expect("a worker panicked");
+    }
+    let report = history.check();
+    assert!(report.holds >= 8, "too few holds to judge: {report}");
+    assert!(report.is_clean(), "history: {report}");
 }
