@@ -189,10 +189,13 @@ impl EtcdCluster {
     /// The members' ids (in member order), read once from a member's peer listing.
     fn member_ids(&mut self) -> io::Result<Vec<String>> {
         if self.ids.is_empty() {
-            let listing = (0..self.members.len())
-                .filter(|&i| self.members[i].is_running())
-                .find_map(|i| http_get(self.gates[i].addr(), "/members").ok())
-                .ok_or_else(|| io::Error::other("no member answered /members"))?;
+            // Straight to the members' peer listeners, and again for a while: a loaded
+            // machine may be slow to answer.
+            let targets: Vec<SocketAddr> = self.gates.iter().map(PeerGate::target).collect();
+            let listing = poll(Duration::from_secs(10), Duration::from_millis(100), || {
+                Ok(targets.iter().find_map(|&addr| http_get(addr, "/members").ok().filter(|r| r.contains("\"id\":"))))
+            })?
+            .ok_or_else(|| io::Error::other("no member answered /members within 10 s"))?;
             self.ids = (0..self.members.len())
                 .map(|i| {
                     member_id(&listing, &format!("m{i}"))
