@@ -49,7 +49,8 @@ pub async fn election_one_leader_per_term_seen_in_order(f: &dyn Fixture) {
     let mut term = leading.term();
     leading.resign().await.expect("resign");
     for _ in 1..3 {
-        let next = tokio::time::timeout(margin * 2, observer.changed()).await.expect("observed in time").expect("observe");
+        let next =
+            tokio::time::timeout(margin * 2, observer.changed()).await.expect("observed in time").expect("observe");
         // Between two leaders there may be a look that finds nobody.
         let next = match next {
             None => tokio::time::timeout(margin * 2, observer.changed()).await.expect("in time").expect("observe"),
