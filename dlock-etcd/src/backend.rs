@@ -52,7 +52,7 @@ impl Backend for EtcdBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { shared: false, permits: false, ..Capabilities::ALL }
+        Capabilities::ALL
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<EtcdTicket>) -> Result<Attempt<EtcdHold>, LockError> {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{ConnectConfig, LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
+use dlock_core::{ConnectConfig, HoldKind, LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use crate::cluster::Cluster;
@@ -60,7 +60,7 @@ impl EtcdBaseline {
 impl RawBaseline for EtcdBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
         let dir = keys::lock_dir(&self.prefix, name);
-        let key = keys::request_key(&dir, self.lease, self.seq.fetch_add(1, Ordering::Relaxed));
+        let key = keys::request_key(&dir, HoldKind::Exclusive, self.lease, self.seq.fetch_add(1, Ordering::Relaxed));
         let value = HoldValue::new(self.owner.clone(), vec!["raw-baseline".to_string()]).encode();
         let acquire = Txn::new()
             .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
@@ -83,7 +83,7 @@ impl RawBaseline for EtcdBaseline {
     }
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
-        let key = keys::request_key(&keys::lock_dir(&self.prefix, name), self.lease, 0);
+        let key = keys::request_key(&keys::lock_dir(&self.prefix, name), HoldKind::Exclusive, self.lease, 0);
         let check = Txn::new().and_then([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
         let (alive, checked) = futures::join!(self.keep_alive(), self.cluster.read("renew", self.op_timeout, check));
         alive?;

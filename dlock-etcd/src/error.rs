@@ -15,6 +15,14 @@ pub enum EtcdError {
         /// The key.
         key: String,
     },
+    /// A key under a lock's range has a name dlock does not give its keys (a permit
+    /// request's key without a valid number of permits): something other than dlock
+    /// wrote it.
+    #[error("the lock key {key:?} has a name dlock does not give its keys")]
+    MalformedKey {
+        /// The key.
+        key: String,
+    },
     /// A lock's result key does not hold `"<token>\n<result>"`: something other than
     /// dlock wrote it.
     #[error("the result key {key:?} holds a value dlock did not write")]

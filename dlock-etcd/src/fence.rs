@@ -4,7 +4,9 @@
 //! tokens: it guards each write with `create_revision(lock key) == token` (etcd's
 //! `IsOwner`). The write then applies only while the lock key that granted the token
 //! still exists; a holder whose lease expired, or whose key was deleted, finds its
-//! transaction refused, however late it wakes up.
+//! transaction refused, however late it wakes up. A reader's or a permit's key is guarded
+//! the same way: the guard proves that hold still exists, not that it is alone (other
+//! readers, or other permits, may write beside it).
 
 use dlock_core::{FencingToken, LockError, LockName};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};

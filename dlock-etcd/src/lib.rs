@@ -14,20 +14,32 @@
 //!   alive. Leases are never granted per lock for watchdog locks, and an unused lease is
 //!   revoked, not leaked.
 //! - **Keys.** A lock named `n` is the range `<prefix>/<encoded n>/` (the name is
-//!   percent-encoded, [`lock_dir`]); each acquire puts one key
-//!   `<prefix>/<encoded n>/<lease id>-<seq>` on its session's lease, holding
+//!   percent-encoded, [`lock_dir`]); each acquire puts one key on its session's lease,
+//!   named for the kind of hold it asks for: `<prefix>/<encoded n>/<lease id>-<seq>` for
+//!   an exclusive hold (a mutex, a read-write lock's writer), `.../r/<lease id>-<seq>` for
+//!   a reader, `.../p/<permits>/<lease id>-<seq>` for one of a semaphore's `<permits>`
+//!   permits (the number each request asked with). The key holds
 //!   `"<count> <owner>\0<request id> ..."`: the owner and the acquires holding the lock
 //!   through the key (several for re-entrant holds). Every change to a hold is a
 //!   compare-and-swap named by its request, so a release or re-entry whose answer was
-//!   lost is never applied twice, and an acquire whose answer was lost is undone exactly. The key with the lowest create revision holds the lock; the
-//!   others wait in create-revision order (FIFO), each watching the delete of the key
-//!   just ahead of its own, so a release wakes one waiter. A woken waiter checks again
-//!   that no key is ahead of it, that its own key still exists and that its lease is
-//!   alive, so a waiter whose lease expired while it was blocked never believes it holds
-//!   the lock (etcd#11456).
-//! - **Fencing token.** The holder key's create revision: etcd's revision is global and
-//!   only grows, so successive holders of a name get strictly increasing tokens, and a
-//!   re-entrant acquire returns the holder's token again. For data kept in etcd itself,
+//!   lost is never applied twice, and an acquire whose answer was lost is undone exactly.
+//! - **Queue.** The keys queue in create-revision order, and a key holds when every key
+//!   ahead of it holds and is compatible with it: an exclusive key when it is first, a
+//!   reader when only readers are ahead of it, a permit request when only permit requests
+//!   are ahead of it, fewer than its own number of permits. Grants therefore follow the
+//!   queue (FIFO), and a waiting writer keeps the readers that come after it out (writer
+//!   preference). Each waiter watches only the deletes that can let it in: a writer the
+//!   key just ahead of its own, so a release wakes one waiter; a reader the last key ahead
+//!   of it that is not a reader; a permit request the last key ahead of it that is not a
+//!   permit request or, behind permit requests only, the nearest `permits` of them (up to
+//!   32; beyond that it also looks again twice a second). A woken waiter checks again
+//!   what is ahead of it, that its own key still exists and that its lease is alive, so
+//!   a waiter whose lease expired while it was blocked never believes it holds the lock
+//!   (etcd#11456).
+//! - **Fencing token.** The holder key's create revision, for every kind of hold: etcd's
+//!   revision is global and only grows, and keys hold in create-revision order, so every
+//!   grant's token is above every earlier grant's of the name (a writer's above the
+//!   readers' before it), and a re-entrant acquire returns the holder's token again. For data kept in etcd itself,
 //!   [`EtcdBackend::guarded_txn`] builds a transaction that applies only while the
 //!   holder key with that create revision exists (etcd's `IsOwner`).
 //! - **Results.** The result a run stores under a lock's name (for
@@ -40,15 +52,19 @@
 //!   client keeps it on, still naming the hold, and while the result key is as last read
 //!   (absent, or holding a lower token); a result of an equal or higher token is never
 //!   replaced (`NotHeld`). It costs a lease grant and one transaction.
-//! - **Round trips.** An uncontended acquire is one transaction (put-if-the-range-is-empty)
-//!   with a keepalive of the lease sent alongside (its validity counts from the attempt,
-//!   so the lease must be renewed after the attempt began; concurrent acquires share the
-//!   keepalive), and the release one guarded delete: two round trips. A `Fixed` acquire
-//!   grants its own lease first: three.
+//! - **Round trips.** An uncontended acquire is one transaction (put-if-the-range-is-empty;
+//!   for a reader, put-if-only-readers-are-in-it; for a permit, put-if-only-permits-are-in-it
+//!   and read the permit requests ahead) with a keepalive of the lease sent alongside (its
+//!   validity counts from the attempt, so the lease must be renewed after the attempt
+//!   began; concurrent acquires share the keepalive), and the release one guarded delete:
+//!   two round trips. A `Fixed` acquire grants its own lease first: three. A
+//!   `try_acquire` of a busy lock puts nothing, except on a semaphore whose permits are all
+//!   out, where it deletes the key it put again: two.
 //! - **Lost signal.** A renewal that finds the key gone reports the lease lost (`Expired`),
 //!   as does a keepalive that finds the lease gone (`SessionExpired`, pushed to every lock
 //!   on that lease at once); renewals that cannot reach etcd until the validity ends give
-//!   `BackendUnavailable`.
+//!   `BackendUnavailable`. A gone key is never reported `Stolen`, for any kind of hold:
+//!   the key is gone either way, and telling who holds now would take another read.
 //!
 //! # Clusters
 //!
@@ -74,7 +90,12 @@
 //! - etcd grants whole-second leases, at least about 1.5 election timeouts long: a 300 ms
 //!   ttl is kept for a second on the server (the client still counts 300 ms).
 //! - Re-entrancy is by owner within one client: the same owner through another client
-//!   (another lease) queues like anyone else.
+//!   (another lease) queues like anyone else, and so does an owner asking for another
+//!   kind of hold than it holds (a reader does not become a writer).
+//! - A permit request reads up to `permits` keys ahead of it on each check, so very
+//!   large semaphores that are full cost reads in proportion.
+//! - `inspect` of a lock held by readers or permits reads the whole queue, and shows the
+//!   newest of the holds.
 //! - A lock's range must hold only dlock's keys; `inspect` reports an error for a value
 //!   dlock did not write, as `load_result` does for a result key.
 //! - A result may be kept longer than its retention, never shorter: etcd raises a lease

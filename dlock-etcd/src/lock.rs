@@ -1,13 +1,27 @@
 //! The lock recipe: acquire, wait, re-enter, give back, release, renew and inspect, in
 //! the order a lock goes through them.
 //!
-//! Every request is a key under the lock's range, put on the client's lease; the key
-//! with the lowest create revision holds the lock, and each waiter watches the key just
-//! ahead of its own. A key's value names the owner and the requests holding the lock
-//! through it (several for re-entrant holds), so that every change to a hold is a
-//! compare-and-swap that a repeat cannot apply twice, and an acquire whose answer was
-//! lost can be undone exactly: its key is request-scoped, its re-entry is named by its
-//! request id.
+//! Every request is a key under the lock's range, put on the client's lease, whose name
+//! says the kind of hold it asks for ([`keys::request_key`]). The keys queue in create
+//! revision order, and a key holds when every key ahead of it holds and its kind is
+//! compatible with theirs ([`holding`]): an exclusive key when it is first, a reader when
+//! only readers are ahead of it, a permit request when only permit requests are ahead of
+//! it, all of them holding, and fewer than its number of permits. The keys that hold are
+//! thus always the oldest ones, so grants follow the queue (a waiting writer keeps later
+//! readers out) and every grant's token, its key's create revision, is above every
+//! earlier grant's.
+//!
+//! A waiter watches the deletes of the keys ahead of it whose deletion can let it in,
+//! never the whole range: a writer the key just ahead of it, a reader the last key ahead
+//! of it that is not a reader, a permit request the last key ahead of it that is not a
+//! permit request or, behind permit requests only, the nearest `permits` of them: it
+//! cannot be in while they all remain, and the delete of any of them may be the one that
+//! lets it in, so no fewer will do.
+//!
+//! A key's value names the owner and the requests holding the lock through it (several
+//! for re-entrant holds), so that every change to a hold is a compare-and-swap that a
+//! repeat cannot apply twice, and an acquire whose answer was lost can be undone
+//! exactly: its key is request-scoped, its re-entry is named by its request id.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,7 +30,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use dlock_core::backend::{Attempt, Release, Renewal, Request};
-use dlock_core::{Holder, LeaseMode, LockError, LockInfo, LockName, LostReason};
+use dlock_core::{HoldKind, Holder, LeaseMode, LockError, LockInfo, LockName, LostReason};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     TxnResponse, WatchFilterType, WatchOptions, WatchStream,
@@ -25,7 +39,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use crate::cluster::Cluster;
-use crate::error::{is_lease_gone, EtcdError};
+use crate::error::{is_lease_gone, map_err, EtcdError};
 use crate::keys::{self, first_kv, token_of, HoldValue};
 use crate::registry::{EtcdHold, KeyState, Registry};
 use crate::session::{Check, Found, Session, SessionEvents, Sessions};
@@ -38,6 +52,12 @@ pub(crate) const CAS_ROUNDS: usize = 16;
 const REWATCH: Duration = Duration::from_millis(200);
 /// The first pause of a background clean-up.
 const CLEANUP_FIRST: Duration = Duration::from_millis(100);
+/// The most keys one waiter watches. A permit request behind more permit requests than
+/// this, of which as many may have to go before it is in, watches the nearest ones and
+/// also looks again every [`PARTIAL_WATCH_POLL`].
+const WATCH_CAP: usize = 32;
+/// How often a waiter that watches only some of the keys that can let it in looks again.
+const PARTIAL_WATCH_POLL: Duration = Duration::from_millis(500);
 
 /// What the backend, its sessions and its background tasks share.
 pub(crate) struct Shared {
@@ -64,10 +84,12 @@ struct QueuePlace {
     session: Arc<Session>,
     dir: Vec<u8>,
     key: Vec<u8>,
+    kind: HoldKind,
     /// Our key's create revision, once the put is confirmed; `None` while it is uncertain.
     rev: Option<i64>,
-    /// The key just ahead of ours, and the revision at which it was read.
-    ahead: Option<(Vec<u8>, i64)>,
+    /// The keys ahead of ours whose delete we wait for, and the revision at which they
+    /// were read.
+    ahead: Option<(Vec<Vec<u8>>, i64)>,
     watch: Option<Box<AheadWatch>>,
 }
 
@@ -78,8 +100,9 @@ struct Reentry {
     target: Option<Arc<Session>>,
 }
 
+/// One watch stream of a waiter, with a watch on each key it waits for.
 struct AheadWatch {
-    key: Vec<u8>,
+    keys: Vec<Vec<u8>>,
     stream: WatchStream,
 }
 
@@ -90,7 +113,12 @@ impl std::fmt::Debug for EtcdTicket {
                 .debug_struct("EtcdTicket")
                 .field("key", &String::from_utf8_lossy(&place.key))
                 .field("rev", &place.rev)
-                .field("ahead", &place.ahead.as_ref().map(|(k, _)| String::from_utf8_lossy(k)))
+                .field(
+                    "ahead",
+                    &place.ahead.as_ref().map(|(keys, _)| {
+                        keys.iter().map(|k| String::from_utf8_lossy(k).into_owned()).collect::<Vec<_>>()
+                    }),
+                )
                 .finish(),
             Place::Reentry(reentry) => {
                 f.debug_struct("EtcdTicket").field("reentering", &String::from_utf8_lossy(&reentry.key.key)).finish()
@@ -101,6 +129,42 @@ impl std::fmt::Debug for EtcdTicket {
 
 /// Renewal answers, each for the hold at an index of the renewed batch.
 type Answers = Vec<(usize, Result<Renewal, LockError>)>;
+
+/// What the keys ahead of a request, as one read found them, say about it.
+enum Verdict {
+    /// The request holds.
+    Holds,
+    /// It waits; see [`Wait`].
+    Waits(Wait),
+    /// A `try_acquire` that found the lock busy: nothing was put.
+    Refused,
+}
+
+/// What a waiting request waits for: the delete of one of `keys`. `partial` when more
+/// keys ahead can let it in than it watches.
+struct Wait {
+    keys: Vec<Vec<u8>>,
+    partial: bool,
+}
+
+impl Wait {
+    /// Waiting for the delete of this key, if it is known.
+    fn on(key: Option<KeyValue>) -> Verdict {
+        Verdict::Waits(Wait { keys: key.map(|kv| kv.key().to_vec()).into_iter().collect(), partial: false })
+    }
+
+    /// When to look again without a notification: at once when there is nothing to
+    /// watch, soon when the watch does not cover every key that can let us in.
+    fn retry_after(&self) -> Option<Duration> {
+        if self.keys.is_empty() {
+            Some(Duration::ZERO)
+        } else if self.partial {
+            Some(PARTIAL_WATCH_POLL)
+        } else {
+            None
+        }
+    }
+}
 
 /// What one step of an attempt came to.
 enum Step {
@@ -161,7 +225,7 @@ impl Shared {
     // ---- Acquire -------------------------------------------------------------------
 
     /// One attempt: re-enter a key this client holds for the owner, or put our key in
-    /// the queue (the first time) and see whether it is first (later times).
+    /// the queue (the first time) and see whether it holds (later times).
     pub(crate) async fn attempt(
         &self,
         req: &Request,
@@ -169,9 +233,10 @@ impl Shared {
     ) -> Result<Attempt<EtcdHold>, LockError> {
         let since = Instant::now();
         let dir = self.dir(&req.name);
-        if let Some(key) = self.registry.find_owned(&dir, &req.owner) {
-            // The owner already holds through this client: one more hold on its key
-            // (a place of ours in the queue is no longer needed).
+        if let Some(key) = self.registry.find_owned(&dir, &req.owner, req.kind) {
+            // The owner already holds this kind through this client: one more hold on
+            // its key (a place of ours in the queue is no longer needed). An owner that
+            // holds another kind queues like anyone else.
             if let Some(ticket) = slot.take() {
                 self.abandon(req, ticket).await;
             }
@@ -199,7 +264,10 @@ impl Shared {
     }
 
     /// The first attempt of a request: puts its key, in one transaction that takes the
-    /// lock when the range is empty and otherwise queues (reading the key ahead).
+    /// lock when nothing ahead is incompatible with it, and otherwise queues (reading
+    /// the keys ahead to watch) or, for a `try_acquire`, puts nothing. A permit request
+    /// always puts its key and reads the permit requests ahead: whether fewer than its
+    /// number hold is no comparison etcd makes.
     async fn enqueue(
         &self,
         req: &Request,
@@ -208,15 +276,16 @@ impl Shared {
         since: Instant,
     ) -> Result<Step, LockError> {
         let session = self.session_for(req.mode).await?;
-        let key = keys::request_key(dir, session.id(), self.seq.fetch_add(1, Ordering::Relaxed));
+        let key = keys::request_key(dir, req.kind, session.id(), self.seq.fetch_add(1, Ordering::Relaxed));
         let value = HoldValue::new(req.owner.clone(), vec![req.id.to_string()]);
-        let txn = acquire_txn(dir, &key, session.id(), &value, req.blocking);
+        let txn = acquire_txn(dir, &key, session.id(), &value, req.kind, req.blocking);
         // Before the put is sent, so that whatever happens to the answer, the key is
         // given back if the attempt fails.
         *slot = Some(EtcdTicket(Place::Queued(QueuePlace {
             session: session.clone(),
             dir: dir.to_vec(),
             key: key.clone(),
+            kind: req.kind,
             rev: None,
             ahead: None,
             watch: None,
@@ -232,61 +301,39 @@ impl Shared {
             other => other?,
         };
         let rev = resp.header().map(|h| h.revision()).ok_or(EtcdError::Protocol("a transaction without a header"))?;
-        let (took, newest) = if req.blocking {
-            if !resp.succeeded() {
-                return Err(EtcdError::Protocol("a request was given back while it was being sent").into());
-            }
-            match resp.op_responses().into_iter().next() {
-                Some(TxnOpResponse::Txn(inner)) if inner.succeeded() => (true, Vec::new()),
-                Some(TxnOpResponse::Txn(inner)) => match inner.op_responses().into_iter().nth(1) {
-                    Some(TxnOpResponse::Get(mut get)) => (false, get.take_kvs()),
-                    _ => return Err(EtcdError::Protocol("the queue read is missing").into()),
-                },
-                _ => return Err(EtcdError::Protocol("the acquire's inner transaction is missing").into()),
-            }
-        } else if resp.succeeded() {
-            (true, Vec::new())
-        } else {
-            *slot = None;
-            return Ok(Step::Done(Attempt::Busy { retry_after: None }));
-        };
-        if !alive? {
+        let verdict = read_acquire(&resp, dir, &key, req.kind, req.blocking)?;
+        if !matches!(verdict, Verdict::Refused) && !alive? {
             // The lease died around the put: the key went with it.
             return Ok(Step::Requeue);
         }
-        if took {
-            return Ok(Step::Done(self.granted(req, slot, rev)?));
-        }
+        let wait = match verdict {
+            Verdict::Refused => {
+                *slot = None;
+                return Ok(Step::Done(Attempt::Busy { retry_after: None }));
+            }
+            Verdict::Holds => return Ok(Step::Done(self.granted(req, slot, rev)?)),
+            Verdict::Waits(wait) => wait,
+        };
         let Some(EtcdTicket(Place::Queued(place))) = slot.as_mut() else {
             return Err(EtcdError::Protocol("the ticket vanished").into());
         };
         place.rev = Some(rev);
-        // Newest first: ours, then the one ahead of us (there is one: the range was not empty).
-        place.ahead = match newest.as_slice() {
-            [ours, ahead] if ours.key() == key.as_slice() => Some((ahead.key().to_vec(), rev)),
-            _ => None,
-        };
+        let retry_after = wait.retry_after();
+        place.ahead = (!wait.keys.is_empty()).then_some((wait.keys, rev));
         tracing::debug!(rev, "queued");
-        Ok(Step::Done(Attempt::Busy { retry_after: if place.ahead.is_some() { None } else { Some(Duration::ZERO) } }))
+        Ok(Step::Done(Attempt::Busy { retry_after }))
     }
 
     /// A later attempt of a queued request: in one read, whether our key still exists
-    /// and which key is just ahead of it, with a keepalive alongside. A waiter whose key
-    /// or lease went away while it waited (etcd#11456) never takes the lock for that: it
-    /// queues again, at the back.
+    /// and which keys ahead of it keep it waiting, with a keepalive alongside. A waiter
+    /// whose key or lease went away while it waited (etcd#11456) never takes the lock for
+    /// that: it queues again, at the back.
     async fn recheck(&self, req: &Request, slot: &mut Option<EtcdTicket>, since: Instant) -> Result<Step, LockError> {
         let Some(EtcdTicket(Place::Queued(place))) = slot.as_mut() else { return Ok(Step::Requeue) };
         let Some(rev) = place.rev else { return Ok(Step::Requeue) };
-        let ahead = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(rev - 1)
-            .with_limit(1)
-            .with_keys_only();
-        let txn = Txn::new().and_then([
-            TxnOp::get(place.key.clone(), Some(GetOptions::new().with_keys_only())),
-            TxnOp::get(place.dir.clone(), Some(ahead)),
-        ]);
+        let mut reads = vec![TxnOp::get(place.key.clone(), Some(GetOptions::new().with_keys_only()))];
+        reads.extend(ahead_reads(&place.dir, place.kind, rev));
+        let txn = Txn::new().and_then(reads);
         let (alive, resp) = futures::join!(place.session.ensure(since, req.ttl()), self.read("acquire", txn));
         let resp = resp?;
         if !alive? {
@@ -298,30 +345,35 @@ impl Shared {
             return Ok(Step::Requeue);
         }
         let seen = resp.header().map(|h| h.revision()).ok_or(EtcdError::Protocol("a transaction without a header"))?;
-        match first_kv(&resp, 1) {
-            None => Ok(Step::Done(self.granted(req, slot, rev)?)),
-            Some(ahead) => {
-                place.ahead = Some((ahead.key().to_vec(), seen));
-                Ok(Step::Done(Attempt::Busy { retry_after: None }))
+        // Past the read of our own key.
+        let ahead = resp.op_responses().into_iter().skip(1);
+        match read_ahead(ahead, &place.dir, &place.key, place.kind)? {
+            Verdict::Holds => Ok(Step::Done(self.granted(req, slot, rev)?)),
+            Verdict::Waits(wait) => {
+                let retry_after = wait.retry_after();
+                place.ahead = (!wait.keys.is_empty()).then_some((wait.keys, seen));
+                Ok(Step::Done(Attempt::Busy { retry_after }))
             }
+            Verdict::Refused => Err(EtcdError::Protocol("a queued request was refused").into()),
         }
     }
 
-    /// Our key is first: the ticket becomes a hold.
+    /// Our key holds: the ticket becomes a hold.
     fn granted(&self, req: &Request, slot: &mut Option<EtcdTicket>, rev: i64) -> Result<Attempt<EtcdHold>, LockError> {
         let Some(EtcdTicket(Place::Queued(place))) = slot.take() else {
             return Err(EtcdError::Protocol("the ticket vanished").into());
         };
         let value = HoldValue::new(req.owner.clone(), vec![req.id.to_string()]);
-        let key = KeyState::new(place.dir, place.key, rev, value, place.session);
+        let key = KeyState::new(place.dir, place.key, place.kind, rev, value, place.session);
         self.registry.insert_key(&key);
         tracing::debug!(token = rev, "granted");
         Ok(Attempt::Granted { hold: EtcdHold::new(key, req.id.to_string()), token: token_of(rev) })
     }
 
-    /// Waits for the key ahead to be deleted, keeping our lease alive meanwhile.
+    /// Waits for a key ahead that we watch to be deleted, keeping our lease alive
+    /// meanwhile.
     ///
-    /// The watch starts at the revision of the read that found the key ahead, so no
+    /// The watches start at the revision of the read that found the keys ahead, so no
     /// delete is missed. A broken watch is opened again from the same revision, so a
     /// waiter rides out an election or a member going down. It gives up waiting (and lets
     /// the next check decide) only once its lease may have expired while etcd could not
@@ -342,7 +394,7 @@ impl Shared {
             return Ok(());
         };
         let session = place.session.clone();
-        let mut watch = place.watch.take().filter(|w| w.key == ahead);
+        let mut watch = place.watch.take().filter(|w| w.keys == ahead);
         let mut next_keepalive = session.keepalive_due();
         let mut next_watch = Instant::now();
         loop {
@@ -352,14 +404,13 @@ impl Shared {
                 return Ok(());
             }
             if watch.is_none() && now >= next_watch {
-                let options = WatchOptions::new().with_start_revision(seen + 1).with_filters([WatchFilterType::NoPut]);
-                match self.cluster.watch(self.op_timeout, ahead.clone(), options).await {
-                    Ok(stream) => watch = Some(Box::new(AheadWatch { key: ahead.clone(), stream })),
+                match self.watch_deletes(&ahead, seen).await {
+                    Ok(stream) => watch = Some(Box::new(AheadWatch { keys: ahead.clone(), stream })),
                     Err(err) => {
                         if Instant::now() >= session.alive_until() {
                             return Ok(());
                         }
-                        tracing::debug!(%err, "watching the key ahead failed; trying again");
+                        tracing::debug!(%err, "watching the keys ahead failed; trying again");
                         next_watch = Instant::now() + REWATCH;
                     }
                 }
@@ -373,7 +424,7 @@ impl Shared {
             match woke {
                 // The watch was created, or a progress report: nothing happened yet.
                 Some(Ok(Some(resp))) if !resp.canceled() && resp.events().is_empty() => {}
-                // The key ahead was deleted.
+                // A key ahead was deleted.
                 Some(Ok(Some(resp))) if !resp.canceled() => return Ok(()),
                 // The history since our read was compacted away: read the queue again.
                 Some(Ok(Some(resp))) if resp.compact_revision() > 0 => return Ok(()),
@@ -404,6 +455,20 @@ impl Shared {
                 None => {}
             }
         }
+    }
+
+    /// One watch stream with a watch on the deletes of each of `keys` after `seen`: one
+    /// stream per waiter, however many keys it watches.
+    async fn watch_deletes(&self, keys: &[Vec<u8>], seen: i64) -> Result<WatchStream, LockError> {
+        let options = WatchOptions::new().with_start_revision(seen + 1).with_filters([WatchFilterType::NoPut]);
+        let Some((first, rest)) = keys.split_first() else {
+            return Err(EtcdError::Protocol("a waiter with nothing to watch").into());
+        };
+        let mut stream = self.cluster.watch(self.op_timeout, first.clone(), options.clone()).await?;
+        for key in rest {
+            stream.watch(key.clone(), Some(options.clone())).await.map_err(map_err)?;
+        }
+        Ok(stream)
     }
 
     /// A re-entrant acquire of a key this client holds for the same owner: one more
@@ -836,15 +901,32 @@ impl Shared {
         let first = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
         let txn = Txn::new().and_then([
             TxnOp::get(dir.clone(), Some(first)),
-            TxnOp::get(dir, Some(GetOptions::new().with_prefix().with_count_only())),
+            TxnOp::get(dir.clone(), Some(GetOptions::new().with_prefix().with_count_only())),
         ]);
         let resp = self.read("inspect", txn).await?;
         let ops = resp.op_responses();
         let (Some(TxnOpResponse::Get(first)), Some(TxnOpResponse::Get(all))) = (ops.first(), ops.get(1)) else {
             return Err(EtcdError::Protocol("inspect answered too few reads").into());
         };
-        let Some(kv) = first.kvs().first() else {
+        let Some(first) = first.kvs().first() else {
             return Ok(LockInfo { holder: None, waiters: Some(0) });
+        };
+        let queued = usize::try_from(all.count()).unwrap_or(usize::MAX);
+        // An exclusive key holds alone. Readers and permits hold in a run of keys at the
+        // front, which takes a read of the queue to find; the newest of them is shown,
+        // as the memory model shows its newest hold.
+        let (kv, queued, holding) = if keys::kind_of(&dir, first.key())? == HoldKind::Exclusive {
+            (first.clone(), queued, 1)
+        } else {
+            let every = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend);
+            let queue = self.cluster.get("inspect", self.op_timeout, dir.clone(), every).await?;
+            let kinds = queue.kvs().iter().map(|kv| keys::kind_of(&dir, kv.key())).collect::<Result<Vec<_>, _>>()?;
+            let holding = holding(&kinds);
+            match holding.checked_sub(1).and_then(|newest| queue.kvs().get(newest)) {
+                Some(kv) => (kv.clone(), kinds.len(), holding),
+                // Released meanwhile.
+                None => return Ok(LockInfo { holder: None, waiters: Some(0) }),
+            }
         };
         let value = HoldValue::decode(kv.key(), kv.value())?;
         let remaining = if kv.lease() != 0 {
@@ -853,7 +935,7 @@ impl Shared {
         } else {
             None
         };
-        let queued = usize::try_from(all.count()).unwrap_or(usize::MAX).saturating_sub(1);
+        let waiting = queued.saturating_sub(holding);
         Ok(LockInfo {
             holder: Some(Holder {
                 count: value.count(),
@@ -861,35 +943,212 @@ impl Shared {
                 token: token_of(kv.create_revision()),
                 remaining,
             }),
-            waiters: Some(queued),
+            waiters: Some(waiting),
         })
     }
 }
 
-/// The transaction that puts a request's key: it takes the lock when the range is
-/// empty, and otherwise queues (blocking) or puts nothing (`try_acquire`).
-fn acquire_txn(dir: &[u8], key: &[u8], lease: i64, value: &HoldValue, blocking: bool) -> Txn {
+/// The transaction that puts a request's key: it takes the lock when no key in the
+/// range is incompatible with the request, and otherwise queues (blocking) or puts
+/// nothing (`try_acquire`). For a permit request, "takes" means it reads the permit
+/// requests ahead to count them.
+fn acquire_txn(dir: &[u8], key: &[u8], lease: i64, value: &HoldValue, kind: HoldKind, blocking: bool) -> Txn {
     let put = TxnOp::put(key.to_vec(), value.encode(), Some(PutOptions::new().with_lease(lease)));
     // Nobody gave this request back: a put that reaches etcd after its caller gave up
     // on it (and marked it given back) applies no more.
     let not_given_back = Compare::create_revision(keys::given_back_key(dir, key), CompareOp::Equal, 0);
-    // Nobody holds the lock or waits for it.
-    let empty = Compare::create_revision(dir.to_vec(), CompareOp::Equal, 0).with_prefix();
+    // Nobody holds or waits whom the request must wait for (for an exclusive request,
+    // nobody at all).
+    let free = keys::blocker_ranges(dir, kind)
+        .into_iter()
+        .map(|(start, end)| Compare::create_revision(start, CompareOp::Equal, 0).with_range(end));
+    let take = match kind {
+        HoldKind::Permit { permits } => {
+            // Ours and the `permits` newest ahead of it: more need not be read to know
+            // that we are not in.
+            let (start, end) = keys::permit_range(dir);
+            let newest = GetOptions::new()
+                .with_range(end)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(i64::from(permits) + 1)
+                .with_keys_only();
+            vec![put.clone(), TxnOp::get(start, Some(newest))]
+        }
+        HoldKind::Exclusive | HoldKind::Shared => vec![put.clone()],
+    };
     if blocking {
-        // Busy: queue anyway, and read the two newest keys (ours, and the one just
-        // ahead of us, whose delete we will watch).
-        let newest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2)
-            .with_keys_only();
-        let take_or_queue =
-            Txn::new().when([empty]).and_then([put.clone()]).or_else([put, TxnOp::get(dir.to_vec(), Some(newest))]);
+        // Busy: queue anyway, and read the key to watch: for an exclusive request the
+        // two newest keys (ours, and the one just ahead of us), for the others the last
+        // key of each range that holds them back.
+        let mut queue = vec![put];
+        match kind {
+            HoldKind::Exclusive => {
+                let newest = GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(2)
+                    .with_keys_only();
+                queue.push(TxnOp::get(dir.to_vec(), Some(newest)));
+            }
+            HoldKind::Shared | HoldKind::Permit { .. } => {
+                queue.extend(keys::blocker_ranges(dir, kind).into_iter().map(|range| last_in(range, None)));
+            }
+        }
+        let take_or_queue = Txn::new().when(free.collect::<Vec<_>>()).and_then(take).or_else(queue);
         Txn::new().when([not_given_back]).and_then([TxnOp::txn(take_or_queue)])
     } else {
         // A try_acquire puts nothing on a busy lock.
-        Txn::new().when([not_given_back, empty]).and_then([put])
+        Txn::new().when(std::iter::once(not_given_back).chain(free).collect::<Vec<_>>()).and_then(take)
     }
+}
+
+/// The read of the newest key in `[start, end)`, of those created before `before` when
+/// it is given.
+fn last_in((start, end): (Vec<u8>, Vec<u8>), before: Option<i64>) -> TxnOp {
+    let mut options = GetOptions::new()
+        .with_range(end)
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(1)
+        .with_keys_only();
+    if let Some(rev) = before {
+        options = options.with_max_create_revision(rev - 1);
+    }
+    TxnOp::get(start, Some(options))
+}
+
+/// The reads of a queued request's later attempts, after the read of its own key: what
+/// is ahead of the key of create revision `rev` that may keep it waiting.
+fn ahead_reads(dir: &[u8], kind: HoldKind, rev: i64) -> Vec<TxnOp> {
+    match kind {
+        HoldKind::Exclusive => {
+            let ahead = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(rev - 1)
+                .with_limit(1)
+                .with_keys_only();
+            vec![TxnOp::get(dir.to_vec(), Some(ahead))]
+        }
+        HoldKind::Shared => {
+            keys::blocker_ranges(dir, kind).into_iter().map(|range| last_in(range, Some(rev))).collect()
+        }
+        HoldKind::Permit { permits } => {
+            let mut reads: Vec<TxnOp> =
+                keys::blocker_ranges(dir, kind).into_iter().map(|range| last_in(range, Some(rev))).collect();
+            let (start, end) = keys::permit_range(dir);
+            let newest = GetOptions::new()
+                .with_range(end)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(rev - 1)
+                .with_limit(i64::from(permits))
+                .with_keys_only();
+            reads.push(TxnOp::get(start, Some(newest)));
+            reads
+        }
+    }
+}
+
+/// What the answer of [`acquire_txn`] says about the request of key `key`.
+fn read_acquire(
+    resp: &TxnResponse,
+    dir: &[u8],
+    key: &[u8],
+    kind: HoldKind,
+    blocking: bool,
+) -> Result<Verdict, LockError> {
+    let (free, ops) = if blocking {
+        if !resp.succeeded() {
+            return Err(EtcdError::Protocol("a request was given back while it was being sent").into());
+        }
+        match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Txn(inner)) => (inner.succeeded(), inner.op_responses()),
+            _ => return Err(EtcdError::Protocol("the acquire's inner transaction is missing").into()),
+        }
+    } else if resp.succeeded() {
+        (true, resp.op_responses())
+    } else {
+        return Ok(Verdict::Refused);
+    };
+    // The reads come after our put.
+    let mut reads = ops.into_iter().skip(1);
+    match (kind, free) {
+        (HoldKind::Permit { permits }, true) => permit_verdict(dir, key, permits, &next_kvs(&mut reads)?),
+        (_, true) => Ok(Verdict::Holds),
+        (HoldKind::Exclusive, false) => match next_kvs(&mut reads)?.as_slice() {
+            // Newest first: ours, then the one ahead of us (there is one: the range was
+            // not empty).
+            [ours, ahead] if ours.key() == key => Ok(Wait::on(Some(ahead.clone()))),
+            _ => Ok(Wait::on(None)),
+        },
+        (HoldKind::Shared | HoldKind::Permit { .. }, false) => Ok(Wait::on(last_blocker(&mut reads)?)),
+    }
+}
+
+/// What the reads of [`ahead_reads`] say about the request of key `key`.
+fn read_ahead(
+    mut reads: impl Iterator<Item = TxnOpResponse>,
+    dir: &[u8],
+    key: &[u8],
+    kind: HoldKind,
+) -> Result<Verdict, LockError> {
+    let blocker = last_blocker(&mut reads.by_ref().take(match kind {
+        HoldKind::Exclusive => 1,
+        HoldKind::Shared | HoldKind::Permit { .. } => 2,
+    }))?;
+    match (kind, blocker) {
+        (_, Some(blocker)) => Ok(Wait::on(Some(blocker))),
+        (HoldKind::Permit { permits }, None) => permit_verdict(dir, key, permits, &next_kvs(&mut reads)?),
+        (_, None) => Ok(Verdict::Holds),
+    }
+}
+
+/// The keys the next read of a transaction found.
+fn next_kvs(reads: &mut impl Iterator<Item = TxnOpResponse>) -> Result<Vec<KeyValue>, LockError> {
+    match reads.next() {
+        Some(TxnOpResponse::Get(mut get)) => Ok(get.take_kvs()),
+        _ => Err(EtcdError::Protocol("the queue read is missing").into()),
+    }
+}
+
+/// The newest of the keys that every read left in `reads` found.
+fn last_blocker(reads: &mut impl Iterator<Item = TxnOpResponse>) -> Result<Option<KeyValue>, LockError> {
+    let mut last: Option<KeyValue> = None;
+    for read in reads {
+        let TxnOpResponse::Get(mut get) = read else {
+            return Err(EtcdError::Protocol("the queue read is missing").into());
+        };
+        for kv in get.take_kvs() {
+            if last.as_ref().is_none_or(|l| kv.create_revision() > l.create_revision()) {
+                last = Some(kv);
+            }
+        }
+    }
+    Ok(last)
+}
+
+/// Whether a permit request of key `own` for `permits` holds, with only permit requests
+/// ahead of it: `newest_first` are they (and ours, which is skipped), read up to
+/// `permits` of them. When it waits, it watches them all: the request is in only once
+/// one of them is gone (if they are `permits`, it needs fewer ahead; if fewer, one of
+/// them waits, and holds only once one ahead of it is gone).
+fn permit_verdict(dir: &[u8], own: &[u8], permits: u32, newest_first: &[KeyValue]) -> Result<Verdict, LockError> {
+    let ahead: Vec<&KeyValue> = newest_first.iter().filter(|kv| kv.key() != own).collect();
+    let mut kinds = ahead.iter().rev().map(|kv| keys::kind_of(dir, kv.key())).collect::<Result<Vec<_>, _>>()?;
+    kinds.push(HoldKind::Permit { permits });
+    if holding(&kinds) == kinds.len() {
+        return Ok(Verdict::Holds);
+    }
+    Ok(Verdict::Waits(Wait {
+        keys: ahead.iter().take(WATCH_CAP).map(|kv| kv.key().to_vec()).collect(),
+        partial: ahead.len() > WATCH_CAP,
+    }))
+}
+
+/// How many of a queue's keys, of these kinds and oldest first, hold: the first, and
+/// each next one while every key before it holds and its kind admits theirs beside it.
+/// A key never holds before one older than it: grants follow the queue.
+fn holding(kinds: &[HoldKind]) -> usize {
+    kinds.iter().enumerate().take_while(|&(i, kind)| i == 0 || kind.admits(kinds[i - 1], i)).count()
 }
 
 /// The guard of a change to a held key: still ours, and still with the holds we saw.
@@ -950,6 +1209,35 @@ mod tests {
     use dlock_testkit::supervisor::etcd::{EtcdConfig, EtcdServer};
     use etcd_client::ConnectOptions;
 
+    /// Keys hold in queue order: a run at the front of compatible kinds, each admitted
+    /// beside those before it, as the memory model admits them.
+    #[test]
+    fn keys_hold_in_queue_order() {
+        use HoldKind::{Exclusive as W, Shared as R};
+        let p = |permits| HoldKind::Permit { permits };
+        let cases: [(&[HoldKind], usize); 13] = [
+            (&[], 0),
+            (&[W], 1),
+            (&[W, W], 1),
+            (&[W, R], 1),
+            (&[R, R, R], 3),
+            // A waiting writer keeps later readers out.
+            (&[R, R, W, R], 2),
+            (&[R, p(5)], 1),
+            (&[p(5), R], 1),
+            (&[p(2), p(2), p(2)], 2),
+            // A raised number admits one more; a lowered one waits, and so does anyone
+            // behind it, whatever number it asked with.
+            (&[p(2), p(2), p(3)], 3),
+            (&[p(2), p(2), p(1), p(9)], 2),
+            (&[p(1), p(3), p(3), p(3)], 3),
+            (&[p(3), p(3), p(1), p(3)], 2),
+        ];
+        for (kinds, holds) in cases {
+            assert_eq!(holding(kinds), holds, "{kinds:?}");
+        }
+    }
+
     /// A put that reaches etcd after its request was given back applies no more, and
     /// neither takes nor queues for the lock (review finding m4: the delete could be
     /// applied before a delayed put, leaving an orphan key that held the lock).
@@ -967,14 +1255,16 @@ mod tests {
         let value = HoldValue::new(OwnerId::new("late").expect("owner"), vec!["c:1".to_string()]);
 
         for blocking in [true, false] {
-            let key = keys::request_key(&dir, session.id(), shared.seq.fetch_add(1, Ordering::Relaxed));
-            let txn = acquire_txn(&dir, &key, session.id(), &value, blocking);
+            let key =
+                keys::request_key(&dir, HoldKind::Exclusive, session.id(), shared.seq.fetch_add(1, Ordering::Relaxed));
+            let txn = acquire_txn(&dir, &key, session.id(), &value, HoldKind::Exclusive, blocking);
             // The caller gave up before the put arrived.
             shared
                 .leave_queue(QueuePlace {
                     session: session.clone(),
                     dir: dir.clone(),
                     key: key.clone(),
+                    kind: HoldKind::Exclusive,
                     rev: None,
                     ahead: None,
                     watch: None,

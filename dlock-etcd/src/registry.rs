@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use dlock_core::backend::{lock_unpoisoned, LostSignal};
-use dlock_core::OwnerId;
+use dlock_core::{HoldKind, OwnerId};
 
 use crate::keys::HoldValue;
 use crate::session::Session;
@@ -19,6 +19,8 @@ pub(crate) struct KeyState {
     /// The key's create revision: the fencing token.
     pub(crate) token: i64,
     pub(crate) owner: OwnerId,
+    /// The kind of hold the key was granted: an owner re-enters only that kind.
+    pub(crate) kind: HoldKind,
     /// The lease the key is on now (a re-entry or renewal asking for a longer ttl moves it).
     session: Mutex<Arc<Session>>,
     /// Leases the key may have moved to by a request whose answer was lost: kept (never
@@ -31,12 +33,20 @@ pub(crate) struct KeyState {
 }
 
 impl KeyState {
-    pub(crate) fn new(dir: Vec<u8>, key: Vec<u8>, token: i64, value: HoldValue, session: Arc<Session>) -> Arc<Self> {
+    pub(crate) fn new(
+        dir: Vec<u8>,
+        key: Vec<u8>,
+        kind: HoldKind,
+        token: i64,
+        value: HoldValue,
+        session: Arc<Session>,
+    ) -> Arc<Self> {
         Arc::new(KeyState {
             dir,
             key,
             token,
             owner: value.owner.clone(),
+            kind,
             session: Mutex::new(session),
             spares: Mutex::new(Vec::new()),
             value: Mutex::new(value),
@@ -199,9 +209,9 @@ impl Registry {
         candidates.into_iter().find(|k| (with_gone || !k.is_gone()) && matches(k))
     }
 
-    /// A key of this lock that this client holds for `owner`.
-    pub(crate) fn find_owned(&self, dir: &[u8], owner: &OwnerId) -> Option<Arc<KeyState>> {
-        self.find(dir, false, |k| &k.owner == owner)
+    /// A key of this lock that this client holds for `owner`, granted as `kind`.
+    pub(crate) fn find_owned(&self, dir: &[u8], owner: &OwnerId, kind: HoldKind) -> Option<Arc<KeyState>> {
+        self.find(dir, false, |k| &k.owner == owner && k.kind == kind)
     }
 
     /// The key of this lock that this client was granted with `token`, even if it is

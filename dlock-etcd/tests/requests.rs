@@ -1,5 +1,5 @@
 //! What the server sees, counted from its metrics: an uncontended acquire and release is
-//! two transactions; a client grants one lease per ttl, not one per lock; renewing many
+//! two transactions (for a reader or a permit too); a client grants one lease per ttl, not one per lock; renewing many
 //! locks takes far fewer requests than locks.
 
 use std::time::Duration;
@@ -70,6 +70,31 @@ async fn uncontended_acquire_and_release_take_two_transactions() {
     assert_eq!(after.calls("LeaseGrant") - before.calls("LeaseGrant"), 0, "no lease per lock");
     assert_eq!(after.calls("Range") - before.calls("Range"), 0);
     assert!(after.keepalives() - before.keepalives() <= ROUNDS, "at most one keepalive along with each acquire");
+}
+
+/// A reader, or a permit, costs what a mutex does when nobody is in the way: one
+/// transaction to acquire, one to release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_readers_and_permits_take_two_transactions() {
+    let mut server = server().await;
+    let locker = connect(&server).await;
+    let ttl = LockOptions::watchdog(Duration::from_secs(30));
+    let warm = locker.acquire(&unique_name("requests"), &ttl).await.expect("acquire");
+    warm.release().await.expect("release");
+
+    for opts in [ttl.clone().read(), ttl.clone().permits(3)] {
+        const ROUNDS: u64 = 10;
+        let before = Counts::read(&mut server);
+        for _ in 0..ROUNDS {
+            let lease = locker.acquire(&unique_name("requests"), &opts).await.expect("acquire");
+            lease.release().await.expect("release");
+        }
+        let after = Counts::read(&mut server);
+        let kind = opts.hold_kind();
+        assert_eq!(after.calls("Txn") - before.calls("Txn"), 2 * ROUNDS, "{kind:?}: one transaction each way");
+        assert_eq!(after.calls("Range") - before.calls("Range"), 0, "{kind:?}");
+        assert_eq!(after.calls("LeaseGrant") - before.calls("LeaseGrant"), 0, "{kind:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
