@@ -428,7 +428,7 @@ mod etcd {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
-        readers_and_permits(&server.url(), dir.path(), false);
+        readers_and_permits(&server.url(), dir.path(), true);
         elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::{ConnectConfig, HoldKind, LockError, LockName, OwnerId, RawBaseline, DEFAULT_TTL};
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 
 use crate::cluster::Cluster;
 use crate::config::EtcdConfig;
@@ -59,12 +59,37 @@ impl EtcdBaseline {
 #[async_trait]
 impl RawBaseline for EtcdBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
+        self.acquire_release_kind(name, HoldKind::Exclusive).await
+    }
+
+    /// The acquire transaction of an uncontended request of `kind` (a put guarded by the
+    /// ranges that would hold it back; for a permit request, with the read of the permit
+    /// requests ahead), then the release.
+    async fn acquire_release_kind(&self, name: &LockName, kind: HoldKind) -> Result<(), LockError> {
         let dir = keys::lock_dir(&self.prefix, name);
-        let key = keys::request_key(&dir, HoldKind::Exclusive, self.lease, self.seq.fetch_add(1, Ordering::Relaxed));
+        let key = keys::request_key(&dir, kind, self.lease, self.seq.fetch_add(1, Ordering::Relaxed));
         let value = HoldValue::new(self.owner.clone(), vec!["raw-baseline".to_string()]).encode();
-        let acquire = Txn::new()
-            .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
-            .and_then([TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(self.lease)))]);
+        let put = TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(self.lease)));
+        let guards: Vec<Compare> = match kind {
+            HoldKind::Exclusive => vec![Compare::create_revision(dir.clone(), CompareOp::Equal, 0).with_prefix()],
+            _ => keys::blocker_ranges(&dir, kind)
+                .into_iter()
+                .map(|(start, end)| Compare::create_revision(start, CompareOp::Equal, 0).with_range(end))
+                .collect(),
+        };
+        let ops = match kind {
+            HoldKind::Permit { permits } => {
+                let (start, end) = keys::permit_range(&dir);
+                let newest = GetOptions::new()
+                    .with_range(end)
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(i64::from(permits) + 1)
+                    .with_keys_only();
+                vec![put, TxnOp::get(start, Some(newest))]
+            }
+            _ => vec![put],
+        };
+        let acquire = Txn::new().when(guards).and_then(ops);
         let (alive, resp) = futures::join!(self.keep_alive(), self.cluster.txn("acquire", self.op_timeout, acquire));
         alive?;
         let resp = resp?;
