@@ -14,6 +14,8 @@ pub(crate) enum Act {
     Link { client: usize, fault: Fault },
     /// kill -9 a server, start it again on its data after the step's duration.
     Kill { server: usize },
+    /// Cuts a server off from the other servers (not from its clients), and heals.
+    Partition { server: usize },
 }
 
 impl fmt::Display for Act {
@@ -22,6 +24,7 @@ impl fmt::Display for Act {
             Act::Pause { client } => write!(f, "pause client {client}"),
             Act::Link { client, fault } => write!(f, "{fault:?} on client {client}'s links"),
             Act::Kill { server } => write!(f, "kill server {server}"),
+            Act::Partition { server } => write!(f, "partition server {server} from the others"),
         }
     }
 }
@@ -41,6 +44,8 @@ pub(crate) struct Scope {
     pub(crate) servers: usize,
     /// Whether the clients reach the servers through fault proxies.
     pub(crate) links: bool,
+    /// Whether servers can be partitioned from each other.
+    pub(crate) partitions: bool,
     pub(crate) ttl: Duration,
 }
 
@@ -68,6 +73,8 @@ pub(crate) fn schedule(seed: u64, scope: Scope, duration: Duration) -> Vec<Step>
                 };
                 Act::Link { client, fault }
             }
+            // Where servers can be partitioned, half the server faults are partitions.
+            8..=9 if scope.partitions && rng.bool() => Act::Partition { server: rng.usize(..scope.servers) },
             8..=9 if scope.servers > 0 => Act::Kill { server: rng.usize(..scope.servers) },
             _ => Act::Pause { client },
         };
@@ -75,6 +82,7 @@ pub(crate) fn schedule(seed: u64, scope: Scope, duration: Duration) -> Vec<Step>
             Act::Pause { .. } => span(&mut rng, 0.5, 2.0),
             Act::Link { .. } => span(&mut rng, 0.5, 2.0),
             Act::Kill { .. } => span(&mut rng, 0.1, 1.0),
+            Act::Partition { .. } => span(&mut rng, 0.5, 2.0),
         };
         let gap = span(&mut rng, 0.5, 2.0);
         total += gap + length;
@@ -87,13 +95,21 @@ pub(crate) fn schedule(seed: u64, scope: Scope, duration: Duration) -> Vec<Step>
 mod tests {
     use super::*;
 
-    const SCOPE: Scope = Scope { clients: 4, servers: 1, links: true, ttl: Duration::from_secs(1) };
+    const SCOPE: Scope = Scope { clients: 4, servers: 1, links: true, partitions: false, ttl: Duration::from_secs(1) };
 
     #[test]
     fn a_seed_replays_its_schedule_and_another_seed_differs() {
         let minute = Duration::from_secs(60);
         assert_eq!(schedule(7, SCOPE, minute), schedule(7, SCOPE, minute));
         assert_ne!(schedule(7, SCOPE, minute), schedule(8, SCOPE, minute));
+    }
+
+    #[test]
+    fn partitions_are_drawn_only_where_servers_can_be_partitioned() {
+        let hour = Duration::from_secs(3600);
+        let partitioned = |scope| schedule(3, scope, hour).iter().any(|s| matches!(s.act, Act::Partition { .. }));
+        assert!(!partitioned(Scope { servers: 3, ..SCOPE }));
+        assert!(partitioned(Scope { servers: 3, partitions: true, ..SCOPE }));
     }
 
     #[test]

@@ -66,7 +66,13 @@ pub(crate) async fn run(args: &RunArgs) -> Result<Verdict, BoxError> {
         )?);
     }
 
-    let scope = Scope { clients, servers: servers.len(), links: !servers.is_empty(), ttl: args.ttl };
+    let scope = Scope {
+        clients,
+        servers: servers.len(),
+        links: !servers.is_empty(),
+        partitions: topology.partitions(),
+        ttl: args.ttl,
+    };
     for step in plan::schedule(args.seed, scope, args.duration) {
         let left = Duration::from_nanos(until_ns.saturating_sub(now_ns()));
         if step.gap + step.length >= left {
@@ -89,6 +95,11 @@ pub(crate) async fn run(args: &RunArgs) -> Result<Verdict, BoxError> {
                 tokio::task::block_in_place(|| topology.kill(server));
                 tokio::time::sleep(step.length).await;
                 tokio::task::block_in_place(|| topology.start_again(server))?;
+            }
+            Act::Partition { server } => {
+                tokio::task::block_in_place(|| topology.isolate(server))?;
+                tokio::time::sleep(step.length).await;
+                tokio::task::block_in_place(|| topology.heal());
             }
         }
     }

@@ -3,15 +3,17 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
-use dlock_testkit::supervisor::etcd::{EtcdConfig, EtcdServer};
+use dlock_testkit::supervisor::etcd::{EtcdCluster, EtcdConfig, EtcdServer};
 use dlock_testkit::supervisor::mariadb::MariaDbServer;
 use dlock_testkit::supervisor::postgres::PostgresServer;
 use dlock_testkit::supervisor::redis::{RedisConfig, RedisMasters, RedisServer};
-use dlock_testkit::supervisor::zookeeper::ZooKeeperServer;
+use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperEnsemble, ZooKeeperServer};
 
 /// The topologies `--topology` names.
-pub(crate) const NAMES: &[&str] = &["sqlite", "postgres", "mariadb", "redis", "redlock", "zk", "etcd"];
+pub(crate) const NAMES: &[&str] =
+    &["sqlite", "postgres", "mariadb", "redis", "redlock", "zk", "zk-ensemble", "etcd", "etcd-cluster"];
 
 /// Servers started for one run (or none: SQLite is a file, `--url` is someone else's).
 #[derive(Debug)]
@@ -28,7 +30,11 @@ pub(crate) enum Topology {
     Redis(RedisServer),
     RedLock(RedisMasters),
     ZooKeeper(ZooKeeperServer),
+    /// Three ZooKeeper members; clients list all of them.
+    ZkEnsemble(ZooKeeperEnsemble),
     Etcd(EtcdServer),
+    /// Three etcd members whose peer links can be cut member by member.
+    EtcdCluster(EtcdCluster),
 }
 
 impl Topology {
@@ -47,7 +53,17 @@ impl Topology {
             "redis" => Topology::Redis(RedisServer::start(&persistent)?),
             "redlock" => Topology::RedLock(RedisMasters::start(5, &persistent)?),
             "zk" => Topology::ZooKeeper(ZooKeeperServer::start()?),
+            "zk-ensemble" => {
+                let mut ensemble = ZooKeeperEnsemble::start(3, &ZooKeeperConfig::default())?;
+                ensemble.wait_serving(Duration::from_secs(60))?;
+                Topology::ZkEnsemble(ensemble)
+            }
             "etcd" => Topology::Etcd(EtcdServer::start(&EtcdConfig::default())?),
+            "etcd-cluster" => {
+                let mut cluster = EtcdCluster::start(3, &EtcdConfig::default())?;
+                cluster.wait_for_leader(Duration::from_secs(20))?;
+                Topology::EtcdCluster(cluster)
+            }
             other => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -66,7 +82,9 @@ impl Topology {
             Topology::Redis(s) => vec![s.addr()],
             Topology::RedLock(s) => s.addrs(),
             Topology::ZooKeeper(s) => vec![s.addr()],
+            Topology::ZkEnsemble(e) => (0..e.size()).map(|i| e.addr(i)).collect(),
             Topology::Etcd(s) => vec![s.addr()],
+            Topology::EtcdCluster(c) => c.addrs(),
         }
     }
 
@@ -81,8 +99,8 @@ impl Topology {
             Topology::MariaDb(_) => format!("mysql://root@{}/dlock", joined()),
             Topology::Redis(_) => format!("redis://{}", joined()),
             Topology::RedLock(_) => format!("redlock://{}", joined()),
-            Topology::ZooKeeper(_) => format!("zk://{}", joined()),
-            Topology::Etcd(_) => format!("etcd://{}", joined()),
+            Topology::ZooKeeper(_) | Topology::ZkEnsemble(_) => format!("zk://{}", joined()),
+            Topology::Etcd(_) | Topology::EtcdCluster(_) => format!("etcd://{}", joined()),
         }
     }
 
@@ -95,7 +113,9 @@ impl Topology {
             Topology::Redis(s) => s.kill(),
             Topology::RedLock(s) => s.kill(i),
             Topology::ZooKeeper(s) => s.kill(),
+            Topology::ZkEnsemble(e) => e.kill(i),
             Topology::Etcd(s) => s.kill(),
+            Topology::EtcdCluster(c) => c.member(i).kill(),
         }
     }
 
@@ -108,7 +128,29 @@ impl Topology {
             Topology::Redis(s) => s.start_again(),
             Topology::RedLock(s) => s.start_again(i),
             Topology::ZooKeeper(s) => s.start_again(),
+            Topology::ZkEnsemble(e) => e.start_again(i),
             Topology::Etcd(s) => s.start_again(),
+            Topology::EtcdCluster(c) => c.member(i).start_again(),
+        }
+    }
+
+    /// Whether servers can be cut off from each other ([`isolate`](Self::isolate)).
+    pub(crate) fn partitions(&self) -> bool {
+        matches!(self, Topology::EtcdCluster(_))
+    }
+
+    /// Cuts server `i` off from the other servers (its clients still reach it).
+    pub(crate) fn isolate(&mut self, i: usize) -> io::Result<()> {
+        match self {
+            Topology::EtcdCluster(c) => c.isolate(i),
+            _ => Ok(()),
+        }
+    }
+
+    /// Lets every server reach every other again.
+    pub(crate) fn heal(&mut self) {
+        if let Topology::EtcdCluster(c) = self {
+            c.heal();
         }
     }
 }

@@ -60,3 +60,13 @@ fn zookeeper() {
 fn etcd() {
     short_run("etcd");
 }
+
+#[test]
+fn zookeeper_ensemble() {
+    short_run("zk-ensemble");
+}
+
+#[test]
+fn etcd_cluster() {
+    short_run("etcd-cluster");
+}

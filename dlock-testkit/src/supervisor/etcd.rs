@@ -216,6 +216,11 @@ impl EtcdCluster {
         self.members.is_empty()
     }
 
+    /// Every member's client address.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.members.iter().map(EtcdMember::addr).collect()
+    }
+
     /// Every member's client endpoint.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(EtcdMember::endpoint).collect()
