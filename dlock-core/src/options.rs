@@ -66,7 +66,8 @@ pub const MAX_PERMITS: u32 = 1_000_000;
 /// writer's token is above every earlier grant's. Waiters queue in one order on
 /// backends that queue: a writer that waits keeps readers that come after it waiting
 /// too (writer preference), so a stream of readers cannot starve it. An owner re-enters
-/// a hold only with the kind it holds (no upgrade from reader to writer). The number of
+/// a hold only with the kind it holds, and a permit only with the same number of permits
+/// (no upgrade from reader to writer; another number takes another permit). The number of
 /// permits travels with each request, so it can change at run time: a grant admits the
 /// request when fewer holds than *its* number exist, and holders granted under a larger
 /// number keep their permits.
