@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
-use dlock_core::{Capabilities, FencingToken, LockError, LockInfo, LockName, StoredResult};
+use dlock_core::{Capabilities, FencingToken, HoldKind, LockError, LockInfo, LockName, StoredResult};
 use redis::Value;
 
 use crate::config::ReplicaAck;
@@ -21,8 +21,8 @@ use crate::scripts::{
     RenewReply,
 };
 
-/// What this backend can do: everything, FIFO grants (`fair(true)`) and queue lengths
-/// included. RedLock has its own, without them
+/// What this backend can do: everything, FIFO grants (`fair(true)`), queue lengths,
+/// readers' shares and semaphore permits included. RedLock has its own, without them
 /// ([`REDLOCK_CAPABILITIES`](crate::REDLOCK_CAPABILITIES)).
 pub const CAPABILITIES: Capabilities = Capabilities {
     reentrant: true,
@@ -33,8 +33,8 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     extend: true,
     queue_length: true,
     results: true,
-    shared: false,
-    permits: false,
+    shared: true,
+    permits: true,
 };
 
 /// When a busy acquire takes a place in the lock's queue (see the acquire script).
@@ -43,7 +43,9 @@ pub(crate) enum PlaceMode {
     /// Never: a try, which does not wait.
     Never,
     /// Only behind a queue that exists already: a blocking non-fair acquire, which must
-    /// not overtake queued waiters but has no order of its own to keep otherwise.
+    /// not overtake queued waiters but has no order of its own to keep otherwise. A
+    /// writer (an exclusive acquire) that finds readers or permits holding queues too,
+    /// so that readers coming after it wait behind it (writer preference).
     BehindQueue,
     /// Always: a blocking fair acquire.
     Always,
@@ -171,14 +173,20 @@ impl RedisBackend {
     /// One acquire script call, with the replica acknowledgement if configured: a grant
     /// too few replicas acknowledged is given back and fails.
     async fn acquire_once(&self, req: &Request, keys: &LockKeys, ttl_ms: u64) -> Result<AcquireReply, LockError> {
-        let call = acquire_call(
-            keys,
-            &owner_field(&req.owner),
-            &grant_field(&req.id),
-            &keys.void(&req.id),
-            ttl_ms,
-            (req.id.as_str(), PlaceMode::of(req)),
-        );
+        let place = (req.id.as_str(), PlaceMode::of(req));
+        let call = match req.kind {
+            HoldKind::Exclusive => {
+                acquire_call(keys, &owner_field(&req.owner), &grant_field(&req.id), &keys.void(&req.id), ttl_ms, place)
+            }
+            kind => acquire_shared_call(
+                keys,
+                (req.owner.as_str(), req.id.as_str()),
+                &keys.void(&req.id),
+                ttl_ms,
+                place,
+                kind,
+            ),
+        };
         let Some(acked) = &self.replica_ack else {
             let reply = call.run(&mut self.conn.clone()).await.map_err(to_lock_error)?;
             return AcquireReply::parse(reply).map_err(to_lock_error);
@@ -240,6 +248,67 @@ pub(crate) fn acquire_call(
         .arg(&keys.wake_prefix)
 }
 
+/// The acquire script call of a reader's share or a permit (`kind`) for one request: its
+/// owner and request ids, its marker key, its place id and when it takes that place.
+pub(crate) fn acquire_shared_call(
+    keys: &LockKeys,
+    (owner, request): (&str, &str),
+    void: &str,
+    ttl_ms: u64,
+    (place, mode): (&str, PlaceMode),
+    kind: HoldKind,
+) -> Invocation {
+    let permits = match kind {
+        HoldKind::Permit { permits } => permits,
+        HoldKind::Exclusive | HoldKind::Shared => 0,
+    };
+    Invocation::new(
+        &scripts().acquire_shared,
+        &[&keys.hold, &keys.fence, void, &keys.queue, &keys.places, &keys.leases],
+    )
+    .arg(owner)
+    .arg(ttl_ms)
+    .arg(request)
+    .arg(place)
+    .arg(mode.arg())
+    .arg(&keys.wake_prefix)
+    .arg(kind.as_str())
+    .arg(permits)
+}
+
+/// The renew script call of `hold`, whatever its kind.
+fn renew_hold_call(hold: &RedisHold, ttl_ms: u64) -> Invocation {
+    match hold.kind {
+        HoldKind::Exclusive => renew_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token, ttl_ms),
+        kind => Invocation::new(&scripts().renew_shared, &[&hold.keys.hold, &hold.keys.leases])
+            .arg(hold.owner_id())
+            .arg(hold.token.to_string())
+            .arg(ttl_ms)
+            .arg(hold.request_id())
+            .arg(kind.as_str()),
+    }
+}
+
+/// The release script call of `hold`, whatever its kind.
+fn release_hold_call(hold: &RedisHold) -> Invocation {
+    match hold.kind {
+        HoldKind::Exclusive => release_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token),
+        HoldKind::Shared | HoldKind::Permit { .. } => {
+            release_shared_call(&hold.keys, hold.owner_id(), hold.request_id(), hold.token)
+        }
+    }
+}
+
+/// The release script call for one grant of a reader's share or a permit.
+pub(crate) fn release_shared_call(keys: &LockKeys, owner: &str, request: &str, token: u64) -> Invocation {
+    Invocation::new(&scripts().release_shared, &[&keys.hold, &keys.queue, &keys.places, &keys.leases])
+        .arg(owner)
+        .arg(token.to_string())
+        .arg(&keys.channel)
+        .arg(request)
+        .arg(&keys.wake_prefix)
+}
+
 /// The renew script call for one grant.
 pub(crate) fn renew_call(keys: &LockKeys, owner_field: &str, grant_field: &str, token: u64, ttl_ms: u64) -> Invocation {
     Invocation::new(&scripts().renew, &[&keys.hold])
@@ -261,13 +330,18 @@ pub(crate) fn release_call(keys: &LockKeys, owner_field: &str, grant_field: &str
 
 /// The give-back script call for whatever grant request `req` may have made on `keys`.
 pub(crate) fn give_back_call(keys: &LockKeys, req: &Request) -> Invocation {
-    Invocation::new(&scripts().give_back, &[&keys.hold, &keys.void(&req.id), &keys.queue, &keys.places])
-        .arg(owner_field(&req.owner))
-        .arg(grant_field(&req.id))
-        .arg(&keys.channel)
-        .arg(ttl_millis(req.ttl()).max(1))
-        .arg(req.id.as_str())
-        .arg(&keys.wake_prefix)
+    let void = keys.void(&req.id);
+    let call = match req.kind {
+        HoldKind::Exclusive => Invocation::new(&scripts().give_back, &[&keys.hold, &void, &keys.queue, &keys.places])
+            .arg(owner_field(&req.owner))
+            .arg(grant_field(&req.id)),
+        HoldKind::Shared | HoldKind::Permit { .. } => {
+            Invocation::new(&scripts().give_back_shared, &[&keys.hold, &void, &keys.queue, &keys.places, &keys.leases])
+                .arg(req.owner.as_str())
+                .arg(req.id.as_str())
+        }
+    };
+    call.arg(&keys.channel).arg(ttl_millis(req.ttl()).max(1)).arg(req.id.as_str()).arg(&keys.wake_prefix)
 }
 
 /// The abandon script call that gives up the place `place` in the queue of `keys`.
@@ -338,6 +412,7 @@ impl Backend for RedisBackend {
                     owner_field: owner_field(&req.owner),
                     grant_field: grant_field(&req.id),
                     token,
+                    kind: req.kind,
                 },
                 token: FencingToken::new(token),
             },
@@ -382,7 +457,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew(&self, hold: &RedisHold, ttl: Duration) -> Result<Renewal, LockError> {
-        let call = renew_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token, ttl_millis(ttl));
+        let call = renew_hold_call(hold, ttl_millis(ttl));
         let mut conn = match &self.replica_ack {
             None => self.conn.clone(),
             Some(acked) => acked.conn(),
@@ -407,7 +482,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, hold: &RedisHold) -> Result<Release, LockError> {
-        let call = release_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token);
+        let call = release_hold_call(hold);
         let (reply, sent_twice) = call.run_again_if_broken(&mut self.conn.clone()).await.map_err(to_lock_error)?;
         let released = ReleaseReply::parse(reply).map_err(to_lock_error)?.released(sent_twice);
         Ok(if released { Release::Released } else { Release::NotHeld })
@@ -457,7 +532,7 @@ impl Backend for RedisBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
         let keys = self.layout.lock(name);
-        let reply: Value = Invocation::new(&scripts().inspect_queue, &[&keys.hold, &keys.places])
+        let reply: Value = Invocation::new(&scripts().inspect_queue, &[&keys.hold, &keys.places, &keys.leases])
             .run(&mut self.conn.clone())
             .await
             .map_err(to_lock_error)?;

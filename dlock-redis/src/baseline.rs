@@ -1,11 +1,11 @@
 //! The raw baseline for `dlock bench`: the acquire and release script calls of an
-//! uncontended lock (and a renewal), sent straight over the same kind of connection,
-//! without a client, leases, renewal scheduling or pub/sub.
+//! uncontended lock, reader's share or permit (and a renewal), sent straight over the
+//! same kind of connection, without a client, leases, renewal scheduling or pub/sub.
 
 use async_trait::async_trait;
-use dlock_core::{LockError, LockName, RawBaseline, DEFAULT_TTL};
+use dlock_core::{HoldKind, LockError, LockName, RawBaseline, DEFAULT_TTL};
 
-use crate::backend::{acquire_call, release_call, renew_call, PlaceMode};
+use crate::backend::{acquire_call, acquire_shared_call, release_call, release_shared_call, renew_call, PlaceMode};
 use crate::config::ReplicaAck;
 use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
@@ -17,6 +17,10 @@ const OWNER_FIELD: &str = "owner:raw-baseline";
 
 /// The grant field every baseline call uses.
 const GRANT_FIELD: &str = "grant:raw-baseline";
+
+/// The owner and request id every baseline call of a reader's share or a permit uses (as
+/// the grant field above names the request).
+const ID: &str = "raw-baseline";
 
 /// The Redis raw baseline (see [`raw_baseline`](crate::raw_baseline)).
 pub struct RedisBaseline {
@@ -69,6 +73,22 @@ impl RawBaseline for RedisBaseline {
         match AcquireReply::parse(reply).map_err(to_lock_error)? {
             AcquireReply::Granted(token) => {
                 self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token), &keys.hold).await.map(drop)
+            }
+            AcquireReply::Busy { .. } => Err(LockError::Timeout),
+        }
+    }
+
+    async fn acquire_release_kind(&self, name: &LockName, kind: HoldKind) -> Result<(), LockError> {
+        if kind == HoldKind::Exclusive {
+            return self.acquire_release(name).await;
+        }
+        let keys = self.layout.lock(name);
+        let void = format!("{}:void:{ID}", keys.hold);
+        let acquire =
+            acquire_shared_call(&keys, (ID, ID), &void, ttl_millis(DEFAULT_TTL), (ID, PlaceMode::Never), kind);
+        match AcquireReply::parse(self.send(&acquire, &keys.hold).await?).map_err(to_lock_error)? {
+            AcquireReply::Granted(token) => {
+                self.send(&release_shared_call(&keys, ID, ID, token), &keys.hold).await.map(drop)
             }
             AcquireReply::Busy { .. } => Err(LockError::Timeout),
         }

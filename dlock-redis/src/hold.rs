@@ -1,20 +1,22 @@
 //! What a grant leaves with the client, on one server or on every RedLock master alike,
 //! and how an inspected hold is reported.
 
-use dlock_core::{FencingToken, Holder, LockError, OwnerId};
+use dlock_core::{FencingToken, HoldKind, Holder, LockError, OwnerId};
 
-use crate::keys::LockKeys;
+use crate::keys::{LockKeys, GRANT_FIELD_PREFIX, OWNER_FIELD_PREFIX};
 use crate::scripts::HoldView;
 
 /// A granted hold: the lock's keys, the owner, the grant (named after the request that
-/// made it) and the token, which renewals and the release check on the server (on
-/// RedLock, on every master: the keys and fields are the same on each).
+/// made it), the token, which renewals and the release check on the server (on
+/// RedLock, on every master: the keys and fields are the same on each), and the kind of
+/// hold, which picks the scripts that renew, release and store under it.
 #[derive(Debug, Clone)]
 pub struct RedisHold {
     pub(crate) keys: LockKeys,
     pub(crate) owner_field: String,
     pub(crate) grant_field: String,
     pub(crate) token: u64,
+    pub(crate) kind: HoldKind,
 }
 
 impl RedisHold {
@@ -26,6 +28,22 @@ impl RedisHold {
     /// The fencing token.
     pub fn token(&self) -> FencingToken {
         FencingToken::new(self.token)
+    }
+
+    /// The kind of hold granted.
+    pub fn kind(&self) -> HoldKind {
+        self.kind
+    }
+
+    /// The owner id, as the scripts of shared holds and permits name it: the owner field
+    /// without its prefix (every owner field is built with it).
+    pub(crate) fn owner_id(&self) -> &str {
+        self.owner_field.strip_prefix(OWNER_FIELD_PREFIX).unwrap_or(&self.owner_field)
+    }
+
+    /// The id of the request that made the grant, likewise.
+    pub(crate) fn request_id(&self) -> &str {
+        self.grant_field.strip_prefix(GRANT_FIELD_PREFIX).unwrap_or(&self.grant_field)
     }
 }
 

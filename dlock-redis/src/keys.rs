@@ -4,8 +4,9 @@
 //!
 //! | what | name | type |
 //! |---|---|---|
-//! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token, `grant:<request id>` → 1 per grant; with a ttl (PEXPIRE) |
+//! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token, `grant:<request id>` → 1 per grant; with a ttl (PEXPIRE). Held by readers or permits instead: `kind` → `shared` or `permit`, `token` → the newest grant's token, and per hold `holder:<owner id>` → its token, `count:<owner id>` → its grants, per grant `request:<request id>` → its owner id |
 //! | the fence counter | `dlock:{orders%2F42}:fence` | string counter (INCR), no ttl |
+//! | the leases of shared holds and permits | `dlock:{orders%2F42}:leases` | sorted set: owner id → when its hold lapses (ms since the epoch, server clock); exists only beside a hold hash of shared holds or permits, which then lapses with the last lease (PEXPIREAT) |
 //! | a given-back request | `dlock:{orders%2F42}:void:<request id>` | string, with the request's ttl: refuses a late delivery of an acquire whose grant was given back |
 //! | the release channel | `dlock:{orders%2F42}:released` | pub/sub channel; the message is the released token. Used while no waiter queues |
 //! | the queue | `dlock:{orders%2F42}:queue` | list of place ids (each the request id of a waiting acquire call), first come first; with a ttl of the longest place |
@@ -13,10 +14,15 @@
 //! | a client's wake-up channel | `dlock:{orders%2F42}:wake:<client id>` | pub/sub channel; the message is a place id, whose waiter is now first in the queue of a free lock. The client id is the place id up to its last `:` |
 //! | the stored result | `dlock:{orders%2F42}:result` | hash: `token` → the storing hold's token, `value` → the result, `call` → the id of the store call; with the retention as ttl (PEXPIRE). Apart from the hold, so that a release or an eviction leaves it (see [`results`](crate::results)) |
 //!
-//! The part in braces is the Cluster hash tag, so the hold, the counter and the result
-//! share one slot (a script may touch several). It is the name's [`LockName::encoded`]
-//! form, which is injective and never contains a brace: two names never share a key, and
-//! a name with `{` or `}` in it cannot move the tag.
+//! The part in braces is the Cluster hash tag, so the hold, the counter, the leases and
+//! the result share one slot (a script may touch several). It is the name's
+//! [`LockName::encoded`] form, which is injective and never contains a brace: two names
+//! never share a key, and a name with `{` or `}` in it cannot move the tag.
+//!
+//! A name held by readers or permits keeps its hold hash, so that a writer's acquire (the
+//! exclusive script) sees it held without reading the leases; the field names of the two
+//! layouts never meet (`kind`, `holder:` and the rest beside `owner:` and `grant:`), so
+//! an exclusive script never mistakes a reader for its own owner or grant.
 
 use dlock_core::backend::RequestId;
 use dlock_core::{LockError, LockName, OwnerId};
@@ -32,6 +38,21 @@ pub const OWNER_FIELD_PREFIX: &str = "owner:";
 /// recorded under the request that made it, so that it can be released or given back
 /// once, and only it.
 pub const GRANT_FIELD_PREFIX: &str = "grant:";
+
+/// The field of a hold hash of shared holds or permits that names their kind (`shared`
+/// or `permit`); an exclusive hold has none.
+pub const KIND_FIELD: &str = "kind";
+
+/// The prefix of a shared hold's or permit's field in the hold hash (`holder:<owner id>`
+/// → the hold's token).
+pub const HOLDER_FIELD_PREFIX: &str = "holder:";
+
+/// The prefix of a shared hold's or permit's grant count (`count:<owner id>` → grants).
+pub const COUNT_FIELD_PREFIX: &str = "count:";
+
+/// The prefix of a shared hold's or permit's grant fields (`request:<request id>` → the
+/// owner id), so that each grant is released or given back once, and only it.
+pub const REQUEST_FIELD_PREFIX: &str = "request:";
 
 /// The key prefix of a client, validated.
 ///
@@ -72,6 +93,7 @@ impl KeyLayout {
         let hold = format!("{}:{{{}}}", self.prefix, name.encoded());
         LockKeys {
             fence: format!("{hold}:fence"),
+            leases: format!("{hold}:leases"),
             channel: format!("{hold}:released"),
             queue: format!("{hold}:queue"),
             places: format!("{hold}:places"),
@@ -88,6 +110,8 @@ pub struct LockKeys {
     pub hold: String,
     /// The fence counter.
     pub fence: String,
+    /// The leases of shared holds and permits: owner id by lapse time.
+    pub leases: String,
     /// The channel a release is published on while nobody queues.
     pub channel: String,
     /// The FIFO queue of waiters' place ids.
@@ -163,6 +187,7 @@ mod tests {
             assert_eq!(tag(&keys.hold), tag(&keys.result()));
             assert_eq!(tag(&keys.hold), tag(&keys.queue));
             assert_eq!(tag(&keys.hold), tag(&keys.places));
+            assert_eq!(tag(&keys.hold), tag(&keys.leases));
             assert_eq!(keys.hold.matches(['{', '}']).count(), 2, "{name}");
         }
     }

@@ -45,6 +45,7 @@
 //! dlock:{orders%2F42}           hash  owner:<owner id> -> hold count, token -> 17,
 //!                                     grant:<request id> -> 1 per grant           (PEXPIRE ttl)
 //! dlock:{orders%2F42}:fence     string 17                                          (no ttl)
+//! dlock:{orders%2F42}:leases    zset  owner id -> when its reader's share or permit lapses
 //! dlock:{orders%2F42}:void:<request id>  a request given back                     (PEXPIRE ttl)
 //! dlock:{orders%2F42}:released  channel; a release publishes the released token
 //! dlock:{orders%2F42}:queue     list  place ids of queued waiters, first come first
@@ -101,6 +102,34 @@
 //! queues. RedLock has no queue (its `fifo` capability is false).
 //!
 //! An uncontended acquire and release are two commands on one multiplexed connection.
+//!
+//! # Read-write locks and semaphores
+//!
+//! A reader's share ([`LockOptions::read`](dlock_core::LockOptions::read)) and a permit
+//! ([`LockOptions::permits`](dlock_core::LockOptions::permits)) have scripts of their
+//! own; the lock alone (a writer) keeps the exclusive scripts above, unchanged in what an
+//! uncontended acquire and release send. Readers and permits hold through the same hold
+//! hash, marked `kind` → `shared` or `permit`, with a field per hold (`holder:<owner>` →
+//! its token, `count:<owner>` → its grants) and per grant (`request:<request id>` → its
+//! owner), and through the `:leases` sorted set, where each hold's owner is scored with
+//! the time its hold lapses. Each hold lapses on its own (a crashed reader's share ends
+//! at its own ttl): every script drops the leases past their time before it looks, and
+//! the hash and the set get the last lease's time as their expiry, so the writer's
+//! script, which only sees the hash, finds the lock free exactly when no lease is left.
+//! Every grant, of any kind, takes the next value of the one fence counter.
+//!
+//! A reader is admitted beside readers, a permit beside fewer permits than the number
+//! its request carries; nothing else mixes. A writer that waits for readers or permits
+//! takes a place in the lock's queue even when it did not ask for fairness, so that
+//! readers coming after it queue behind it (writer preference: a stream of readers
+//! cannot starve it); when the last reader leaves, the release wakes the head of the
+//! queue as it does for a fair lock. A reader granted at the head wakes the next waiter,
+//! who may join it. A permit handed back wakes the head of the queue (or publishes on the
+//! lock's channel when nobody queues), as it may admit a waiter; a reader leaving other
+//! readers behind admits nobody new and publishes nothing. Renewals, releases, give-backs
+//! and stored results check the hold's owner, token and grant as for the lock alone; a
+//! lost share or permit is reported stolen only when a hold of a kind it excludes is
+//! there, else expired.
 //!
 //! # Stored results
 //!
@@ -187,8 +216,9 @@
 //! # Capabilities
 //!
 //! Re-entrant by owner, fixed and watchdog leases, `extend`, notification on release,
-//! stored results. Not FIFO (woken waiters race; use a fair backend when order matters)
-//! and no queue length in `inspect`.
+//! FIFO grants on request and queue lengths in `inspect` (see above), stored results,
+//! readers' shares and semaphore permits ([`CAPABILITIES`]). RedLock claims less (see
+//! [`REDLOCK_CAPABILITIES`]).
 
 mod access;
 mod backend;

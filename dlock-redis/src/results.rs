@@ -17,7 +17,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use dlock_core::{FencingToken, LockError, StoredResult};
+use dlock_core::{FencingToken, HoldKind, LockError, StoredResult};
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisResult, Script, Value};
 
@@ -58,6 +58,35 @@ redis.call('pexpire', KEYS[2], ARGV[6])
 return 1
 "#;
 
+/// Stores a result as the store script does, for a reader's share or a permit: the hold
+/// check is the release's of those holds (the owner's hold has this token, its lease has
+/// not lapsed, whether or not a script dropped it yet, and this grant is still there).
+///
+/// KEYS: hold, result, leases. ARGV: owner id, token, request id, call id, value,
+/// retention in ms.
+/// Returns what the store script returns.
+const STORE_SHARED: &str = r#"
+if redis.call('hget', KEYS[2], 'call') == ARGV[4] then
+  return 2
+end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lapse = redis.call('zscore', KEYS[3], ARGV[1])
+if not lapse or tonumber(lapse) <= now or redis.call('hget', KEYS[1], 'holder:' .. ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+if redis.call('hget', KEYS[1], 'request:' .. ARGV[3]) ~= ARGV[1] then
+  return 0
+end
+local stored = redis.call('hget', KEYS[2], 'token')
+if stored and not above(ARGV[2], stored) then
+  return -1
+end
+redis.call('hset', KEYS[2], 'token', ARGV[2], 'value', ARGV[5], 'call', ARGV[4])
+redis.call('pexpire', KEYS[2], ARGV[6])
+return 1
+"#;
+
 /// Reads the stored result.
 ///
 /// KEYS: result. Returns `{}` when there is none, else `{token, value, call}` as stored
@@ -76,6 +105,8 @@ pub struct ResultScripts {
     pub store: Script,
     /// See the load script.
     pub load: Script,
+    /// See the store script of readers and permits.
+    pub store_shared: Script,
 }
 
 impl std::fmt::Debug for ResultScripts {
@@ -84,8 +115,11 @@ impl std::fmt::Debug for ResultScripts {
     }
 }
 
-static SCRIPTS: LazyLock<ResultScripts> =
-    LazyLock::new(|| ResultScripts { store: Script::new(&format!("{ABOVE_LIB}{STORE}")), load: Script::new(LOAD) });
+static SCRIPTS: LazyLock<ResultScripts> = LazyLock::new(|| ResultScripts {
+    store: Script::new(&format!("{ABOVE_LIB}{STORE}")),
+    load: Script::new(LOAD),
+    store_shared: Script::new(&format!("{ABOVE_LIB}{STORE_SHARED}")),
+});
 
 /// The result scripts of this crate.
 pub fn scripts() -> &'static ResultScripts {
@@ -94,8 +128,8 @@ pub fn scripts() -> &'static ResultScripts {
 
 impl ResultScripts {
     /// Every result script, for loading them up front.
-    pub fn all(&self) -> [&Script; 2] {
-        [&self.store, &self.load]
+    pub fn all(&self) -> [&Script; 3] {
+        [&self.store, &self.load, &self.store_shared]
     }
 }
 
@@ -112,13 +146,19 @@ pub(crate) fn store_call(
         return Err(LockError::NotHeld);
     }
     let call = format!("{}/{:016x}", hold.grant_field, fastrand::u64(..));
-    Ok(Invocation::new(&scripts().store, &[&hold.keys.hold, &hold.keys.result()])
-        .arg(&hold.owner_field)
-        .arg(hold.token.to_string())
-        .arg(&hold.grant_field)
-        .arg(call)
-        .arg(value)
-        .arg(ttl_millis(retention).max(1)))
+    let invocation = match hold.kind {
+        HoldKind::Exclusive => Invocation::new(&scripts().store, &[&hold.keys.hold, &hold.keys.result()])
+            .arg(&hold.owner_field)
+            .arg(hold.token.to_string())
+            .arg(&hold.grant_field),
+        HoldKind::Shared | HoldKind::Permit { .. } => {
+            Invocation::new(&scripts().store_shared, &[&hold.keys.hold, &hold.keys.result(), &hold.keys.leases])
+                .arg(hold.owner_id())
+                .arg(hold.token.to_string())
+                .arg(hold.request_id())
+        }
+    };
+    Ok(invocation.arg(call).arg(value).arg(ttl_millis(retention).max(1)))
 }
 
 /// The load script call of a lock's result.
@@ -311,6 +351,7 @@ mod tests {
             owner_field: "owner:o".into(),
             grant_field: "grant:g".into(),
             token: 7,
+            kind: HoldKind::Exclusive,
         };
         let call = store_call(&hold, FencingToken::new(8), b"v", Duration::from_secs(1));
         assert!(matches!(call, Err(LockError::NotHeld)));

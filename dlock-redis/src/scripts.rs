@@ -90,6 +90,87 @@ local function wake_head(queue, places, prefix)
 end
 "#;
 
+/// The functions the scripts of shared holds and permits share, put behind the queue
+/// functions.
+///
+/// Readers' and permits' holds live in the hold hash (so that the exclusive scripts see
+/// the name held, and wait, without reading anything else) and in the leases set, where
+/// each hold's owner is scored with the time its hold lapses (server clock, in ms). Each
+/// hold lapses on its own: a script that finds leases past their time drops them and
+/// their fields first. The hash and the set themselves lapse with the last lease, so that
+/// a writer waiting on the hash's ttl is not held up by leases that ended before it.
+const LEASES_LIB: &str = r#"
+local function settle(hold, leases)
+  local last = redis.call('zrange', leases, -1, -1, 'withscores')
+  if #last == 0 then
+    redis.call('del', hold, leases)
+    return
+  end
+  local at = string.format('%d', tonumber(last[2]))
+  redis.call('pexpireat', hold, at)
+  redis.call('pexpireat', leases, at)
+end
+local function held_kind(hold, leases, now)
+  local kind = redis.call('hget', hold, 'kind')
+  if not kind then
+    if redis.call('exists', hold) == 1 then
+      return 'exclusive'
+    end
+    return false
+  end
+  local gone = redis.call('zrangebyscore', leases, '-inf', string.format('%d', now))
+  if #gone > 0 then
+    redis.call('zremrangebyscore', leases, '-inf', string.format('%d', now))
+    local dead = {}
+    for _, owner in ipairs(gone) do
+      dead[owner] = true
+      redis.call('hdel', hold, 'holder:' .. owner, 'count:' .. owner)
+    end
+    local fields = redis.call('hgetall', hold)
+    for i = 1, #fields, 2 do
+      if dead[fields[i + 1]] and string.sub(fields[i], 1, 8) == 'request:' then
+        redis.call('hdel', hold, fields[i])
+      end
+    end
+  end
+  if #gone > 0 or redis.call('exists', leases) == 0 then
+    settle(hold, leases)
+    if redis.call('exists', hold) == 0 then
+      return false
+    end
+  end
+  return kind
+end
+local function lengthen(hold, leases, owner, lapse)
+  local score = redis.call('zscore', leases, owner)
+  if not score or tonumber(score) < lapse then
+    redis.call('zadd', leases, string.format('%d', lapse), owner)
+    settle(hold, leases)
+  end
+end
+local function take_back(hold, leases, owner, request)
+  redis.call('hdel', hold, 'request:' .. request)
+  local count = 'count:' .. owner
+  if tonumber(redis.call('hget', hold, count) or '0') > 1 then
+    redis.call('hincrby', hold, count, -1)
+    return false
+  end
+  redis.call('hdel', hold, 'holder:' .. owner, count)
+  redis.call('zrem', leases, owner)
+  settle(hold, leases)
+  return true
+end
+local function hand_on(hold, queue, places, prefix, channel, token, kind)
+  if kind == 'permit' or redis.call('exists', hold) == 0 then
+    if not wake_head(queue, places, prefix) then
+      redis.call('publish', channel, token)
+    end
+    return true
+  end
+  return false
+end
+"#;
+
 /// Grants when the hold is free or already the owner's and no other waiter queues ahead,
 /// else reports how long to wait, taking or keeping a place in the queue.
 ///
@@ -102,7 +183,9 @@ end
 /// While the queue has a live place, only its head is granted a free lock, whatever
 /// order the request asked for: a non-fair request cannot overtake queued fair ones. The
 /// place mode says when a busy request takes a place: `0` never (a try), `1` only when a
-/// queue exists already (a blocking non-fair request), `2` always (a blocking fair one).
+/// queue exists already or readers or permits hold the lock (a blocking non-fair
+/// request: queued, it keeps later readers out, so that a stream of them cannot starve
+/// it), `2` always (a blocking fair one).
 /// A request that has a place keeps it, refreshed to lapse a ttl from now. When dropping
 /// lapsed places leaves a free lock with a new head, that head is woken.
 ///
@@ -142,7 +225,8 @@ if not held and (not head or head == ARGV[4]) then
   return {1, token}
 end
 local placed = 0
-if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2' or (ARGV[5] == '1' and head) then
+if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2'
+    or (ARGV[5] == '1' and (head or (held and redis.call('hexists', KEYS[1], 'kind') == 1))) then
   if redis.call('hset', KEYS[5], ARGV[4], string.format('%d', now + ttl)) == 1 then
     redis.call('rpush', KEYS[4], ARGV[4])
   end
@@ -227,7 +311,8 @@ return 1
 /// token it has, gives up the request's place in the queue, and marks the request given
 /// back so that a late delivery of it grants nothing. Another holder, and the owner's
 /// other grants, are never touched. When this frees the lock, or removes the head of the
-/// queue of a free lock, the (new) head is woken.
+/// queue of a lock that is free or held by readers or permits (whom the next waiter may
+/// join), the (new) head is woken.
 ///
 /// KEYS: hold, void marker, queue, places. ARGV: owner field, grant field, channel,
 /// marker ttl in ms, place id, wake-up channel prefix.
@@ -247,7 +332,7 @@ if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
 end
 local was_head = redis.call('lindex', KEYS[3], 0) == ARGV[5]
 leave_queue(KEYS[3], KEYS[4], ARGV[5])
-if token or (was_head and redis.call('exists', KEYS[1]) == 0) then
+if token or (was_head and (redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], 'kind') == 1)) then
   if not wake_head(KEYS[3], KEYS[4], ARGV[6]) and token then
     redis.call('publish', ARGV[3], token)
   end
@@ -256,8 +341,9 @@ redis.pcall('set', KEYS[2], 1, 'px', ARGV[4])
 return given
 "#;
 
-/// Gives up a waiter's place in the queue; when it was the head and the lock is free,
-/// the new head is woken (it would otherwise wait for the old head's place to lapse).
+/// Gives up a waiter's place in the queue; when it was the head and the lock is free or
+/// held by readers or permits, the new head is woken (it would otherwise wait for the old
+/// head's place to lapse, though it may be granted now).
 ///
 /// KEYS: hold, queue, places. ARGV: place id, wake-up channel prefix.
 /// Returns 1 when the place was there, 0 when not.
@@ -266,10 +352,175 @@ local was_head = redis.call('lindex', KEYS[2], 0) == ARGV[1]
 if not leave_queue(KEYS[2], KEYS[3], ARGV[1]) then
   return 0
 end
-if was_head and redis.call('exists', KEYS[1]) == 0 then
+if was_head and (redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], 'kind') == 1) then
   wake_head(KEYS[2], KEYS[3], ARGV[2])
 end
 return 1
+"#;
+
+/// Grants a reader's share or a permit when the holds there admit it (none; readers,
+/// for a reader; fewer permits than the request's number, for a permit) and no other
+/// waiter queues ahead, else reports how long to wait, taking or keeping a place in the
+/// queue as the exclusive acquire does. An owner holding this kind already re-enters its
+/// hold (count + 1, same token, its lease never shortened); a hold of another kind waits
+/// for its own end.
+///
+/// Each grant takes the next value of the name's one fence counter, and is recorded
+/// under its request (`request:<request id>` → owner), as the exclusive acquire's are:
+/// the call is idempotent, and a request given back (its void marker set) grants
+/// nothing. A grant made at the head of the queue wakes the next waiter, who may join.
+///
+/// KEYS: hold, fence counter, void marker, queue, places, leases. ARGV: owner id, ttl in
+/// ms, request id, place id, place mode, wake-up channel prefix, kind (`shared` or
+/// `permit`), permits (the request's number; ignored for `shared`).
+/// Returns what the exclusive acquire returns; `wait` is, when the holds do not admit
+/// the request, the time until the first permit lapses (all permits out) or the hash's
+/// pttl (another kind holds), else the time until another waiter's place at the head
+/// lapses.
+const ACQUIRE_SHARED: &str = r#"
+if redis.call('exists', KEYS[3]) == 1 then
+  return {0, redis.call('pttl', KEYS[1]), 0}
+end
+local now = now_ms()
+local ttl = tonumber(ARGV[2])
+local owner, kind = ARGV[1], ARGV[7]
+local held = held_kind(KEYS[1], KEYS[6], now)
+local holder = 'holder:' .. owner
+if held == kind and redis.call('hexists', KEYS[1], holder) == 1 then
+  local request = 'request:' .. ARGV[3]
+  if redis.call('hget', KEYS[1], request) ~= owner then
+    redis.call('hincrby', KEYS[1], 'count:' .. owner, 1)
+    redis.call('hset', KEYS[1], request, owner)
+    lengthen(KEYS[1], KEYS[6], owner, now + ttl)
+    leave_queue(KEYS[4], KEYS[5], ARGV[4])
+  end
+  return {1, redis.call('hget', KEYS[1], holder)}
+end
+local head, dropped = queue_head(KEYS[4], KEYS[5], now)
+local admitted = not held
+if held == kind then
+  admitted = kind == 'shared' or redis.call('zcard', KEYS[6]) < tonumber(ARGV[8])
+end
+if admitted and (not head or head == ARGV[4]) then
+  if not held then
+    redis.call('del', KEYS[6])
+  end
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], 'kind', kind, 'token', token, holder, token, 'count:' .. owner, 1,
+    'request:' .. ARGV[3], owner)
+  redis.call('zadd', KEYS[6], string.format('%d', now + ttl), owner)
+  settle(KEYS[1], KEYS[6])
+  if head then
+    leave_queue(KEYS[4], KEYS[5], ARGV[4])
+    wake_head(KEYS[4], KEYS[5], ARGV[6])
+  end
+  return {1, token}
+end
+local placed = 0
+if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2' or (ARGV[5] == '1' and head) then
+  if redis.call('hset', KEYS[5], ARGV[4], string.format('%d', now + ttl)) == 1 then
+    redis.call('rpush', KEYS[4], ARGV[4])
+  end
+  for _, key in ipairs({KEYS[4], KEYS[5]}) do
+    if redis.call('pttl', key) < ttl then
+      redis.call('pexpire', key, ttl)
+    end
+  end
+  placed = 1
+end
+local wait = -1
+if not admitted then
+  if held == kind then
+    local first = redis.call('zrange', KEYS[6], 0, 0, 'withscores')
+    wait = math.max(tonumber(first[2]) - now, 0)
+  else
+    wait = redis.call('pttl', KEYS[1])
+  end
+end
+if head and head ~= ARGV[4] then
+  local lapses = tonumber(redis.call('hget', KEYS[5], head)) - now
+  if wait < 0 or lapses < wait then
+    wait = lapses
+  end
+end
+if not held and dropped and head then
+  wake(ARGV[6], head)
+end
+return {0, wait, placed}
+"#;
+
+/// Keeps a reader's share or a permit (this grant of it, with this token) for at least
+/// the ttl from now.
+///
+/// KEYS: hold, leases. ARGV: owner id, token, ttl in ms, request id, kind.
+/// Returns 1 when renewed, 0 when the hold (or this grant of it) is gone and nothing
+/// it would exclude holds (it expired, or was released), -1 when a hold of another kind
+/// is there (it was taken).
+const RENEW_SHARED: &str = r#"
+local now = now_ms()
+local held = held_kind(KEYS[1], KEYS[2], now)
+if held == ARGV[5] and redis.call('hget', KEYS[1], 'holder:' .. ARGV[1]) == ARGV[2] then
+  if redis.call('hget', KEYS[1], 'request:' .. ARGV[4]) ~= ARGV[1] then
+    return 0
+  end
+  lengthen(KEYS[1], KEYS[2], ARGV[1], now + tonumber(ARGV[3]))
+  return 1
+end
+if held and held ~= ARGV[5] then
+  return -1
+end
+return 0
+"#;
+
+/// Releases one grant of a reader's share or a permit (with this token); the owner's
+/// last one ends the hold. An ended permit, or the end of the last hold, publishes the
+/// token as the exclusive release does (to the head of the queue, else on the lock's
+/// channel): a permit handed back may admit a waiter, while a reader leaving others
+/// behind admits nobody new. Idempotent per grant.
+///
+/// KEYS: hold, queue, places, leases. ARGV: owner id, token, channel, request id,
+/// wake-up channel prefix.
+/// Returns what the exclusive release returns.
+const RELEASE_SHARED: &str = r#"
+local held = held_kind(KEYS[1], KEYS[4], now_ms())
+if not held or held == 'exclusive' or redis.call('hget', KEYS[1], 'holder:' .. ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+if redis.call('hget', KEYS[1], 'request:' .. ARGV[4]) ~= ARGV[1] then
+  return 2
+end
+if take_back(KEYS[1], KEYS[4], ARGV[1], ARGV[4]) then
+  hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[5], ARGV[3], ARGV[2], held)
+end
+return 1
+"#;
+
+/// Gives back whatever reader's share or permit one request may have made (its reply
+/// was lost), gives up the request's place, and marks the request given back, as the
+/// exclusive give-back does for its grants. Waiters are woken as a release and an
+/// abandon wake them.
+///
+/// KEYS: hold, void marker, queue, places, leases. ARGV: owner id, request id, channel,
+/// marker ttl in ms, place id, wake-up channel prefix.
+/// Returns 1 when a grant was given back, 0 when there was none.
+const GIVE_BACK_SHARED: &str = r#"
+local was_head = redis.call('lindex', KEYS[3], 0) == ARGV[5]
+leave_queue(KEYS[3], KEYS[4], ARGV[5])
+local held = held_kind(KEYS[1], KEYS[5], now_ms())
+local given = 0
+if held and held ~= 'exclusive' and redis.call('hget', KEYS[1], 'request:' .. ARGV[2]) == ARGV[1] then
+  given = 1
+  local token = redis.call('hget', KEYS[1], 'holder:' .. ARGV[1])
+  if take_back(KEYS[1], KEYS[5], ARGV[1], ARGV[2])
+      and hand_on(KEYS[1], KEYS[3], KEYS[4], ARGV[6], ARGV[3], token, held) then
+    was_head = false
+  end
+end
+if was_head and (redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], 'kind') == 1) then
+  wake_head(KEYS[3], KEYS[4], ARGV[6])
+end
+redis.pcall('set', KEYS[2], 1, 'px', ARGV[4])
+return given
 "#;
 
 /// One RedLock node's part of a grant with a token proposed by the client: granted only
@@ -335,8 +586,10 @@ return {owner, count, token, redis.call('pttl', KEYS[1])}
 "#;
 
 /// Reads the hold and the number of live places in the queue in one consistent view.
+/// Of readers or permits, the holder reported is the newest live hold (the highest
+/// token), with its own grant count and remaining lease.
 ///
-/// KEYS: hold, places. Returns `{waiters}` when free, else
+/// KEYS: hold, places, leases. Returns `{waiters}` when free, else
 /// `{waiters, owner, count, token, pttl}`.
 const INSPECT_QUEUE: &str = r#"
 local now = now_ms()
@@ -346,6 +599,24 @@ for i = 1, #places do
   if tonumber(places[i]) > now then
     waiters = waiters + 1
   end
+end
+if redis.call('hexists', KEYS[1], 'kind') == 1 then
+  local fields = redis.call('hgetall', KEYS[1])
+  local newest, token, lapse = false, '0', 0
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 7) == 'holder:' then
+      local owner = string.sub(fields[i], 8)
+      local score = redis.call('zscore', KEYS[3], owner)
+      if score and tonumber(score) > now and (not newest or above(fields[i + 1], token)) then
+        newest, token, lapse = owner, fields[i + 1], tonumber(score)
+      end
+    end
+  end
+  if not newest then
+    return {waiters}
+  end
+  local count = tonumber(redis.call('hget', KEYS[1], 'count:' .. newest) or '0')
+  return {waiters, newest, count, token, lapse - now}
 end
 local owner, count, token = read_hold(KEYS[1])
 if not owner then
@@ -372,6 +643,14 @@ pub struct Scripts {
     pub inspect_queue: Script,
     /// See the grant script (one RedLock node's part of a grant).
     pub grant: Script,
+    /// See the acquire script of readers and permits.
+    pub acquire_shared: Script,
+    /// See the renew script of readers and permits.
+    pub renew_shared: Script,
+    /// See the release script of readers and permits.
+    pub release_shared: Script,
+    /// See the give-back script of readers and permits.
+    pub give_back_shared: Script,
 }
 
 impl std::fmt::Debug for Scripts {
@@ -382,6 +661,7 @@ impl std::fmt::Debug for Scripts {
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let queued = |body: &str| Script::new(&format!("{QUEUE_LIB}{body}"));
+    let leased = |body: &str| Script::new(&format!("{QUEUE_LIB}{LEASES_LIB}{body}"));
     Scripts {
         acquire: queued(ACQUIRE),
         renew: Script::new(RENEW),
@@ -389,8 +669,12 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         give_back: queued(GIVE_BACK),
         inspect: Script::new(&format!("{HOLD_LIB}{INSPECT}")),
         abandon: queued(ABANDON),
-        inspect_queue: Script::new(&format!("{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
+        inspect_queue: Script::new(&format!("{ABOVE_LIB}{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
         grant: Script::new(&format!("{ABOVE_LIB}{GRANT}")),
+        acquire_shared: leased(ACQUIRE_SHARED),
+        renew_shared: leased(RENEW_SHARED),
+        release_shared: leased(RELEASE_SHARED),
+        give_back_shared: leased(GIVE_BACK_SHARED),
     }
 });
 
@@ -401,7 +685,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Every script, for loading them up front.
-    pub fn all(&self) -> [&Script; 8] {
+    pub fn all(&self) -> [&Script; 12] {
         [
             &self.acquire,
             &self.renew,
@@ -411,6 +695,10 @@ impl Scripts {
             &self.abandon,
             &self.inspect_queue,
             &self.grant,
+            &self.acquire_shared,
+            &self.renew_shared,
+            &self.release_shared,
+            &self.give_back_shared,
         ]
     }
 
@@ -697,7 +985,9 @@ fn unexpected(script: &str, reply: &str) -> redis::RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{OWNER_FIELD_PREFIX, TOKEN_FIELD};
+    use crate::keys::{
+        COUNT_FIELD_PREFIX, HOLDER_FIELD_PREFIX, KIND_FIELD, OWNER_FIELD_PREFIX, REQUEST_FIELD_PREFIX, TOKEN_FIELD,
+    };
 
     #[test]
     fn ttls_round_up_to_whole_milliseconds() {
@@ -714,6 +1004,21 @@ mod tests {
         }
         assert!(HOLD_LIB.contains(&format!("'{OWNER_FIELD_PREFIX}'")));
         assert!(HOLD_LIB.contains(&format!("string.sub(field, {})", OWNER_FIELD_PREFIX.len() + 1)));
+    }
+
+    #[test]
+    fn lease_scripts_use_the_documented_field_names() {
+        for prefix in [HOLDER_FIELD_PREFIX, COUNT_FIELD_PREFIX, REQUEST_FIELD_PREFIX] {
+            assert!(LEASES_LIB.contains(&format!("'{prefix}'")), "{prefix}");
+        }
+        let request = REQUEST_FIELD_PREFIX.len();
+        assert!(LEASES_LIB.contains(&format!("string.sub(fields[i], 1, {request}) == '{REQUEST_FIELD_PREFIX}'")));
+        let holder = HOLDER_FIELD_PREFIX.len();
+        assert!(INSPECT_QUEUE.contains(&format!("string.sub(fields[i], 1, {holder}) == '{HOLDER_FIELD_PREFIX}'")));
+        assert!(INSPECT_QUEUE.contains(&format!("string.sub(fields[i], {})", holder + 1)));
+        for script in [LEASES_LIB, ACQUIRE, GIVE_BACK, ABANDON, INSPECT_QUEUE] {
+            assert!(script.contains(&format!("'{KIND_FIELD}'")));
+        }
     }
 
     #[test]

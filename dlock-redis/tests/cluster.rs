@@ -1,5 +1,6 @@
 //! A Redis Cluster of three masters: locks whose keys hash to slots on every node are
-//! acquired, contended, handed off (the release message crosses nodes) and released.
+//! acquired, contended, handed off (the release message crosses nodes) and released, as
+//! readers, writers and permits too.
 
 mod support;
 
@@ -93,5 +94,33 @@ async fn locks_on_every_node_of_a_cluster() {
         assert!(next.token() > first);
         next.release().await.unwrap();
         assert!(a.inspect(&name).await.unwrap().holder.is_none());
+    }
+
+    // Readers, a writer queued behind them, and permits: every key their scripts touch
+    // is in the lock's slot, and the writer's wake-up crosses nodes too.
+    let long = LockOptions::watchdog(Duration::from_secs(30));
+    for name in &names {
+        let reader = a.acquire(name, &long.clone().read()).await.unwrap_or_else(|e| panic!("read {name}: {e}"));
+        let second = b.try_acquire(name, &long.clone().read()).await.unwrap().expect("a second reader");
+        let writing = {
+            let (b, name, opts) = (b.clone(), name.clone(), long.clone().wait(Duration::from_secs(5)));
+            tokio::spawn(async move { b.acquire(&name, &opts).await })
+        };
+        dlock_conformance::properties::eventually("the writer queues", Duration::from_secs(5), || async {
+            a.inspect(name).await.unwrap().waiters == Some(1)
+        })
+        .await;
+        let newest = second.token();
+        reader.release().await.unwrap();
+        second.release().await.unwrap();
+        let writer = writing.await.unwrap().unwrap_or_else(|e| panic!("the writer of {name}: {e}"));
+        assert!(writer.token() > newest);
+        writer.release().await.unwrap();
+        let permit = a.acquire(name, &long.clone().permits(2)).await.unwrap_or_else(|e| panic!("permit {name}: {e}"));
+        let other = b.try_acquire(name, &long.clone().permits(2)).await.unwrap().expect("a second permit");
+        assert!(b.try_acquire(name, &long.clone().permits(2)).await.unwrap().is_none(), "a third permit of two");
+        permit.release().await.unwrap();
+        other.release().await.unwrap();
+        assert!(a.inspect(name).await.unwrap().holder.is_none());
     }
 }

@@ -454,7 +454,13 @@ impl Backend for RedLockBackend {
         }
         Ok(match look {
             Look::Won(token) => Attempt::Granted {
-                hold: RedLockHold { keys: ask.keys, owner_field: ask.owner, grant_field: ask.grant, token },
+                hold: RedLockHold {
+                    keys: ask.keys,
+                    owner_field: ask.owner,
+                    grant_field: ask.grant,
+                    token,
+                    kind: dlock_core::HoldKind::Exclusive,
+                },
                 token: FencingToken::new(token),
             },
             Look::Busy { split: true, .. } => {
