@@ -18,7 +18,7 @@ pub struct SqlBaseline {
 /// Opens the pool (and the table) for the raw baseline.
 pub async fn raw_baseline(config: SqlConfig) -> Result<SqlBaseline, LockError> {
     let pool = Pool::connect(&config, &Warm::default()).await?;
-    let sql = LeaseSql::new(config.dialect, &config.table(), &config.results_table());
+    let sql = LeaseSql::of(&config);
     if config.create_table {
         crate::schema::ensure(&pool, &sql, config.common.connect_timeout).await?;
     }

@@ -61,7 +61,8 @@ pub(crate) enum Target {
 /// URLs: `postgres://user:pass@host:5432/db`, `mysql://user:pass@host:3306/db` (MariaDB too,
 /// also as `mariadb://`), `sqlite://path/to/file.db` (relative), `sqlite:///abs/file.db`,
 /// `sqlite::memory:`. Query options: the common `connect_timeout`, `op_timeout` and `prefix`
-/// (the lock table is `<prefix>_leases`, stored results are in `<prefix>_results`; letters,
+/// (the lock table is `<prefix>_leases`, stored results are in `<prefix>_results`, shared
+/// holds and permits in `<prefix>_holds`; letters,
 /// digits and `_` only; see
 /// [`ConnectConfig`]), and `pool_size` (connections per client, default 10),
 /// `create_table` (`true`/`false`, default `true`: create the tables if missing), `lock`
@@ -258,6 +259,12 @@ impl SqlConfig {
     /// The name of the table beside the lease table that keeps stored results.
     pub fn results_table(&self) -> String {
         format!("{}_results", self.common.prefix)
+    }
+
+    /// The name of the table beside the lease table that keeps the shared holds and
+    /// semaphore permits (and the places of waiting writers).
+    pub fn holds_table(&self) -> String {
+        format!("{}_holds", self.common.prefix)
     }
 
     /// See [`with_pool_size`](Self::with_pool_size).

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::LockError;
+use futures::future::BoxFuture;
 use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -78,11 +79,12 @@ pub(crate) struct Args<'a> {
     pub(crate) batch: &'a str,
     pub(crate) value: &'a [u8],
     pub(crate) retention_us: i64,
+    pub(crate) kind: &'a str,
 }
 
 impl<'a> Args<'a> {
     pub(crate) fn name(name: &'a str) -> Self {
-        Args { name, owner: "", fence: 0, ttl_us: 0, grant: "", batch: "", value: &[], retention_us: 0 }
+        Args { name, owner: "", fence: 0, ttl_us: 0, grant: "", batch: "", value: &[], retention_us: 0, kind: "" }
     }
 
     pub(crate) fn batch(batch: &'a str) -> Self {
@@ -99,6 +101,7 @@ impl<'a> Args<'a> {
             batch: self.batch.to_string(),
             value: self.value.to_vec(),
             retention_us: self.retention_us,
+            kind: self.kind.to_string(),
         }
     }
 }
@@ -114,6 +117,7 @@ pub(crate) struct OwnedArgs {
     batch: String,
     value: Vec<u8>,
     retention_us: i64,
+    kind: String,
 }
 
 impl OwnedArgs {
@@ -127,6 +131,7 @@ impl OwnedArgs {
             batch: &self.batch,
             value: &self.value,
             retention_us: self.retention_us,
+            kind: &self.kind,
         }
     }
 }
@@ -164,6 +169,7 @@ macro_rules! bind_all {
                 Param::Batch => q.bind($args.batch),
                 Param::Value => q.bind($args.value),
                 Param::RetentionUs => q.bind($args.retention_us),
+                Param::Kind => q.bind($args.kind),
             };
         }
         q
@@ -194,6 +200,80 @@ where
         .collect()
 }
 
+/// Runs one statement on an executor (a pool, or a transaction's connection) and reads its
+/// answer; `$last_id` reads MySQL's `LAST_INSERT_ID` from the statement's result.
+macro_rules! run_on {
+    ($db:ty, $executor:expr, $stmt:expr, $args:expr, $last_id:expr) => {{
+        let q = bind_all!(sqlx::query::<$db>(AssertSqlSafe($stmt.sql.clone())), $stmt, $args);
+        match $stmt.reply {
+            Reply::Rows => {
+                Ok(Answer { rows: q.fetch_all($executor).await?.iter().map(decode).collect(), ..Default::default() })
+            }
+            Reply::Done => {
+                let done = q.execute($executor).await?;
+                #[allow(clippy::redundant_closure_call)]
+                let last_id = ($last_id)(&done);
+                Ok(Answer { affected: done.rows_affected(), last_id, rows: Vec::new() })
+            }
+        }
+    }};
+}
+
+/// An open transaction (see [`Pool::transact`]).
+#[derive(Debug)]
+pub(crate) struct Tx {
+    conn: TxConn,
+    /// Whether a statement failed because the database rolled the transaction back, so
+    /// that [`Pool::transact`] runs it again rather than failing.
+    rolled_back: bool,
+}
+
+#[derive(Debug)]
+enum TxConn {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+}
+
+impl Tx {
+    /// Runs one statement of the transaction.
+    pub(crate) async fn run(&mut self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, LockError> {
+        let outcome: Result<Answer, sqlx::Error> = async {
+            match &mut self.conn {
+                #[cfg(feature = "postgres")]
+                TxConn::Postgres(tx) => run_on!(sqlx::Postgres, &mut **tx, stmt, args, |_| 0),
+                #[cfg(feature = "mysql")]
+                TxConn::MySql(tx) => {
+                    run_on!(sqlx::MySql, &mut **tx, stmt, args, |done: &sqlx::mysql::MySqlQueryResult| {
+                        done.last_insert_id()
+                    })
+                }
+                #[cfg(feature = "sqlite")]
+                TxConn::Sqlite(tx) => run_on!(sqlx::Sqlite, &mut **tx, stmt, args, |_| 0),
+            }
+        }
+        .await;
+        outcome.map_err(|err: sqlx::Error| {
+            self.rolled_back |= is_rolled_back(&err);
+            lock_error(err)
+        })
+    }
+
+    async fn commit(self) -> Result<(), sqlx::Error> {
+        match self.conn {
+            #[cfg(feature = "postgres")]
+            TxConn::Postgres(tx) => tx.commit().await,
+            #[cfg(feature = "mysql")]
+            TxConn::MySql(tx) => tx.commit().await,
+            #[cfg(feature = "sqlite")]
+            TxConn::Sqlite(tx) => tx.commit().await,
+        }
+    }
+}
+
 /// Sends a statement again (a few times, after a short jittered pause) while the database
 /// rolls it back as a deadlock victim or a serialization failure: it changed nothing then.
 #[derive(Debug, Default)]
@@ -204,7 +284,13 @@ pub(crate) struct RollbackRetry {
 impl RollbackRetry {
     /// Whether to send the statement that failed with `err` again, after the pause.
     pub(crate) async fn again(&mut self, err: &sqlx::Error) -> bool {
-        if !is_rolled_back(err) || self.tries >= ROLLBACK_RETRIES {
+        self.again_if(is_rolled_back(err), err).await
+    }
+
+    /// Whether to run again what failed with `err`, given whether the database rolled it
+    /// back, after the pause.
+    async fn again_if(&mut self, rolled_back: bool, err: &(dyn std::fmt::Display + Sync)) -> bool {
+        if !rolled_back || self.tries >= ROLLBACK_RETRIES {
             return false;
         }
         self.tries += 1;
@@ -354,46 +440,63 @@ impl Pool {
     }
 
     async fn run_raw(&self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, sqlx::Error> {
-        let sql = AssertSqlSafe(stmt.sql.clone());
         match self {
             #[cfg(feature = "postgres")]
-            Pool::Postgres(pool) => {
-                let q = bind_all!(sqlx::query::<sqlx::Postgres>(sql), stmt, args);
-                match stmt.reply {
-                    Reply::Rows => {
-                        Ok(Answer { rows: q.fetch_all(pool).await?.iter().map(decode).collect(), ..Default::default() })
-                    }
-                    Reply::Done => {
-                        Ok(Answer { affected: q.execute(pool).await?.rows_affected(), ..Default::default() })
-                    }
-                }
-            }
+            Pool::Postgres(pool) => run_on!(sqlx::Postgres, pool, stmt, args, |_| 0),
             #[cfg(feature = "mysql")]
             Pool::MySql(pool) => {
-                let q = bind_all!(sqlx::query::<sqlx::MySql>(sql), stmt, args);
-                match stmt.reply {
-                    Reply::Rows => {
-                        Ok(Answer { rows: q.fetch_all(pool).await?.iter().map(decode).collect(), ..Default::default() })
-                    }
-                    Reply::Done => {
-                        let done = q.execute(pool).await?;
-                        Ok(Answer { affected: done.rows_affected(), last_id: done.last_insert_id(), rows: Vec::new() })
-                    }
-                }
+                run_on!(sqlx::MySql, pool, stmt, args, |done: &sqlx::mysql::MySqlQueryResult| done.last_insert_id())
             }
             #[cfg(feature = "sqlite")]
-            Pool::Sqlite(pool) => {
-                let q = bind_all!(sqlx::query::<sqlx::Sqlite>(sql), stmt, args);
-                match stmt.reply {
-                    Reply::Rows => {
-                        Ok(Answer { rows: q.fetch_all(pool).await?.iter().map(decode).collect(), ..Default::default() })
-                    }
-                    Reply::Done => {
-                        Ok(Answer { affected: q.execute(pool).await?.rows_affected(), ..Default::default() })
+            Pool::Sqlite(pool) => run_on!(sqlx::Sqlite, pool, stmt, args, |_| 0),
+        }
+    }
+
+    /// Runs `body` in a transaction on one connection, and commits what it did when it
+    /// succeeds (a failure rolls it all back). A transaction the database rolled back as a
+    /// deadlock victim or a serialization failure changed nothing, so it is run again, as
+    /// [`Pool::run`] sends a statement again. SQLite's transaction takes the file's write
+    /// lock at its start (`BEGIN IMMEDIATE`): one that read first and wrote later could
+    /// fail at its first write when another connection wrote in between.
+    pub(crate) async fn transact<T, F>(&self, body: &F) -> Result<T, LockError>
+    where
+        F: Fn(&mut Tx) -> BoxFuture<'_, Result<T, LockError>> + Sync,
+    {
+        let mut retry = RollbackRetry::default();
+        loop {
+            let mut tx = match self.begin().await {
+                Ok(tx) => tx,
+                Err(err) if retry.again(&err).await => continue,
+                Err(err) => return Err(lock_error(err)),
+            };
+            match body(&mut tx).await {
+                Ok(value) => match tx.commit().await {
+                    Ok(()) => return Ok(value),
+                    Err(err) if retry.again(&err).await => {}
+                    Err(err) => return Err(lock_error(err)),
+                },
+                // Dropping the transaction rolls it back.
+                Err(err) => {
+                    let rolled_back = tx.rolled_back;
+                    drop(tx);
+                    if !retry.again_if(rolled_back, &err).await {
+                        return Err(err);
                     }
                 }
             }
         }
+    }
+
+    async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        let conn = match self {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(pool) => TxConn::Postgres(pool.begin().await?),
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => TxConn::MySql(pool.begin().await?),
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(pool) => TxConn::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
+        };
+        Ok(Tx { conn, rolled_back: false })
     }
 
     /// Whether this is an SQLite pool.

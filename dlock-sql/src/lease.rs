@@ -5,6 +5,14 @@
 //! each (see [`crate::dialect`]); the fence counter is raised on every grant and never
 //! reset, because the row stays when the lock is released.
 //!
+//! Shared holds and semaphore permits are rows of the holds table beside it
+//! (`<prefix>_holds`, see [`crate::holds`]); the lease row keeps their fence counter and the
+//! latest expiry among them (`shared_us`), which is all the exclusive statements read, so
+//! an exclusive acquire, renew and release stay one statement each. A blocking exclusive
+//! request that finds shared holds or permits in its way records its place as a waiting
+//! writer there (refreshed by each attempt, and lapsing after a ttl if its client dies);
+//! while one is live, no new shared hold or permit is granted (writer preference).
+//!
 //! Stored results are rows of the results table beside it (`<prefix>_results`: name,
 //! token, value, expires_us), keyed by the same name. A store is one statement that writes
 //! only while the lease row is still this hold's, as release checks it, and the stored
@@ -18,13 +26,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::{
-    Capabilities, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId, StoredResult,
+    Capabilities, FencingToken, HoldKind, Holder, LockError, LockInfo, LockName, LostReason, OwnerId, StoredResult,
 };
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 use crate::config::{Dialect, SqlConfig};
-use crate::db::{Answer, Args, OwnedArgs, Pool, Value, Warm};
+use crate::db::{Answer, Args, OwnedArgs, Pool, Tx, Value, Warm};
 use crate::dialect::{LeaseSql, Reply, Stmt};
+use crate::holds::{self, Live};
 use crate::link::{Conn, SqlLink};
 use crate::results::Sweeper;
 #[cfg(feature = "postgres")]
@@ -50,24 +60,28 @@ struct Shared {
     waker: Option<Waker>,
 }
 
-/// A granted hold: the row's name, our owner identity, the token we were granted and the
-/// request id recorded with the grant.
+/// A granted hold: the row's name, our owner identity, the token we were granted, the
+/// request id recorded with the grant, and the kind of hold (an exclusive hold lives in the
+/// lease row, the others in the holds table).
 #[derive(Debug)]
 pub struct SqlHold {
     name: LockName,
     owner: OwnerId,
     fence: i64,
     grant: String,
+    kind: HoldKind,
     /// The ttl of the last grant or renewal, in microseconds: a release whose outcome is
     /// unknown is retried for at most this long, after which the database has freed it.
     ttl_us: AtomicI64,
 }
 
-/// A waiter's wake-up subscription (PostgreSQL); empty on the polling dialects.
-#[derive(Debug)]
+/// A waiter's wake-up subscription (PostgreSQL), and whether it holds a waiting writer's
+/// place in the holds table.
+#[derive(Debug, Default)]
 pub struct SqlTicket {
     #[cfg(feature = "postgres")]
     subscription: Option<crate::wake::Subscription>,
+    waiting: bool,
 }
 
 /// A holder as the `inspect` statement reports it.
@@ -76,6 +90,8 @@ struct Row {
     fence: i64,
     holds: i64,
     remaining_us: i64,
+    /// How long the latest shared hold or permit has left (not positive: none is live).
+    shared_remaining_us: i64,
 }
 
 impl Row {
@@ -86,6 +102,7 @@ impl Row {
             fence: values.get(1).and_then(Value::int).ok_or_else(bad)?,
             holds: values.get(2).and_then(Value::int).ok_or_else(bad)?,
             remaining_us: values.get(3).and_then(Value::int).ok_or_else(bad)?,
+            shared_remaining_us: values.get(4).and_then(Value::int).ok_or_else(bad)?,
         })
     }
 
@@ -118,7 +135,7 @@ impl SqlBackend {
     /// Connects (within the connect timeout) and creates the lease table when it is
     /// missing and the config allows it.
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
-        let sql = LeaseSql::new(config.dialect, &config.table(), &config.results_table());
+        let sql = LeaseSql::of(&config);
         let warm: Warm = [&sql.renew, &sql.renew_batch, &sql.inspect, &sql.release, &sql.give_back]
             .iter()
             .map(|stmt| stmt.sql.clone())
@@ -171,11 +188,32 @@ impl SqlBackend {
     /// next renewal finds the hold gone and its lost signal fires. The fence counter stays,
     /// so the next holder's token is still higher; a stored result stays too.
     pub async fn evict(&self, name: &LockName) -> Result<(), LockError> {
-        self.run(&self.shared.sql.evict, Args::name(name.as_str())).await.map(drop)
+        // Shared holds and permits go too, and waiting writers' places (their writers
+        // record them again on their next attempt).
+        self.transact(|tx, sql, args| Box::pin(holds::evict(tx, sql, args.args())), Args::name(name.as_str())).await
     }
 
     async fn run(&self, stmt: &Stmt, args: Args<'_>) -> Result<Answer, LockError> {
         self.shared.conn.run(stmt, args).await
+    }
+
+    /// Runs `body` with these arguments in one transaction (see [`crate::holds`]).
+    async fn transact<T, F>(&self, body: F, args: Args<'_>) -> Result<T, LockError>
+    where
+        T: Send + 'static,
+        F: for<'t> Fn(&'t mut Tx, &'t LeaseSql, &'t OwnedArgs) -> BoxFuture<'t, Result<T, LockError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let (sql, args, body) = (self.shared.sql.clone(), args.to_owned(), Arc::new(body));
+        self.shared
+            .conn
+            .transact(move |tx| {
+                let (sql, args, body) = (sql.clone(), args.clone(), body.clone());
+                Box::pin(async move { body(tx, &sql, &args).await })
+            })
+            .await
     }
 
     async fn row(&self, name: &LockName) -> Result<Option<Row>, LockError> {
@@ -201,23 +239,25 @@ impl SqlBackend {
         }
     }
 
-    /// Sends a take-back statement (a release, a give-back) until its outcome is known,
-    /// each send bounded by the operation timeout, for at most `lasting` (after which the
-    /// database has freed what it would take back). A take-back removes its own grant
-    /// id, so one applied twice takes back one hold: sending it again is safe. The first
-    /// outcome goes to the caller; the sends after it go on in the background when the
-    /// caller gives up (or is given up on) first.
-    async fn settle(&self, stmt: Stmt, args: OwnedArgs, lasting: Duration) -> Result<bool, LockError> {
+    /// Sends a take-back (a release, a give-back: `take` applied to a clone of this
+    /// backend) until its outcome is known, each send bounded by the operation timeout, for
+    /// at most `lasting` (after which the database has freed what it would take back). A
+    /// take-back removes its own grant id, so one applied twice takes back one hold: sending
+    /// it again is safe. The first outcome goes to the caller; the sends after it go on in
+    /// the background when the caller gives up (or is given up on) first.
+    async fn settle<F>(&self, take: F, lasting: Duration) -> Result<bool, LockError>
+    where
+        F: Fn(SqlBackend) -> BoxFuture<'static, Result<bool, LockError>> + Send + 'static,
+    {
         let (first, answer) = tokio::sync::oneshot::channel();
-        let (conn, op_timeout) = (self.shared.conn.clone(), self.shared.conn.config().common.op_timeout);
+        let (this, op_timeout) = (self.clone(), self.shared.conn.config().common.op_timeout);
         let until = Instant::now() + lasting;
         tokio::spawn(async move {
             let mut first = Some(first);
             let mut pause = SETTLE_BACKOFF.0;
             loop {
-                let outcome = match tokio::time::timeout(op_timeout, conn.run(&stmt, args.args())).await {
-                    Ok(Ok(answer)) => Ok(answer.matched(stmt.reply) > 0),
-                    Ok(Err(err)) => Err(err),
+                let outcome = match tokio::time::timeout(op_timeout, take(this.clone())).await {
+                    Ok(outcome) => outcome,
                     Err(_) => Err(LockError::unavailable(format!("no answer within {op_timeout:?}"))),
                 };
                 let known = !matches!(&outcome, Err(err) if err.is_transient());
@@ -232,6 +272,29 @@ impl SqlBackend {
             }
         });
         answer.await.unwrap_or_else(|_| Err(LockError::backend("the release task ended without an answer")))
+    }
+
+    /// A take-back for [`settle`](Self::settle): `stmt` (of the lease table) with `args`,
+    /// or for a shared hold or permit (`kind`), the holds table's `pick` in a transaction.
+    fn take_back(
+        kind: HoldKind,
+        stmt: fn(&LeaseSql) -> &Stmt,
+        args: OwnedArgs,
+    ) -> impl Fn(SqlBackend) -> BoxFuture<'static, Result<bool, LockError>> + Send + 'static {
+        move |this| {
+            let args = args.clone();
+            Box::pin(async move {
+                if kind == HoldKind::Exclusive {
+                    let stmt = stmt(&this.shared.sql).clone();
+                    return this.run(&stmt, args.args()).await.map(|answer| answer.matched(stmt.reply) > 0);
+                }
+                this.transact(
+                    move |tx, sql, args| Box::pin(holds::take_back(tx, sql, stmt(sql), args.args())),
+                    args.args(),
+                )
+                .await
+            })
+        }
     }
 
     /// Renews holds with one statement: the `(name, fence)` pairs it renewed.
@@ -275,22 +338,66 @@ impl SqlBackend {
             .collect())
     }
 
-    /// Renews one hold with its own statement: whether it was renewed.
+    /// Renews exclusive holds with one statement (on MariaDB before 10.6, one each):
+    /// whether each was renewed.
+    async fn renew_exclusive(&self, holds: &[&SqlHold], ttl: Duration) -> Vec<Result<bool, LockError>> {
+        match holds {
+            [] => Vec::new(),
+            [one] => vec![self.renew_one(one, ttl).await],
+            many if self.shared.batch_renewals => match self.renew_together(many, ttl).await {
+                Ok(rows) => {
+                    let renewed: HashMap<(String, i64), ()> = rows.into_iter().map(|r| (r, ())).collect();
+                    many.iter().map(|h| Ok(renewed.contains_key(&(h.name.as_str().to_string(), h.fence)))).collect()
+                }
+                Err(err) => {
+                    // The first hold keeps the error itself; the others get its text.
+                    let (transient, why) = (err.is_transient(), err.to_string());
+                    let mut first = Some(err);
+                    let mut each = || match first.take() {
+                        Some(err) => err,
+                        None if transient => LockError::unavailable(why.clone()),
+                        None => LockError::backend(why.clone()),
+                    };
+                    many.iter().map(|_| Err(each())).collect()
+                }
+            },
+            many => futures::future::join_all(many.iter().map(|h| self.renew_one(h, ttl))).await,
+        }
+    }
+
+    /// Renews one hold with its own statement (a transaction for a shared hold or a
+    /// permit): whether it was renewed.
     async fn renew_one(&self, hold: &SqlHold, ttl: Duration) -> Result<bool, LockError> {
+        let args = Self::hold_args(hold, ttl);
+        if hold.kind != HoldKind::Exclusive {
+            return self.transact(|tx, sql, args| Box::pin(holds::renew(tx, sql, args.args())), args).await;
+        }
         let stmt = &self.shared.sql.renew;
-        let answer = self.run(stmt, Self::hold_args(hold, ttl)).await?;
+        let answer = self.run(stmt, args).await?;
         Ok(answer.matched(stmt.reply) > 0)
     }
 
-    /// Why a hold the renewal did not find is gone.
+    /// The live rows of `name` in the holds table (shared holds, permits and waiting
+    /// writers' places), or none when the lease row `row` says no hold there is live.
+    async fn live(&self, name: &LockName, row: Option<&Row>) -> Result<Vec<Live>, LockError> {
+        // `shared_us` covers every live hold of the table (a waiting writer's place is no
+        // hold, so it is not looked for here).
+        if row.is_none_or(|r| r.shared_remaining_us <= 0) {
+            return Ok(Vec::new());
+        }
+        Live::parse_all(&self.run(&self.shared.sql.holds.live, Args::name(name.as_str())).await?)
+    }
+
+    /// Why a hold the renewal did not find is gone: `Stolen` when a hold its kind would
+    /// have excluded was granted after it, `Expired` otherwise.
     async fn loss(&self, hold: &SqlHold) -> Result<Renewal, LockError> {
         let row = self.row(&hold.name).await?;
-        Ok(match row.as_ref().and_then(Row::holder) {
-            Some((owner, fence)) if owner != hold.owner.as_str() || fence != hold.fence => {
-                Renewal::Lost(LostReason::Stolen)
-            }
-            _ => Renewal::Lost(LostReason::Expired),
-        })
+        let live = self.live(&hold.name, row.as_ref()).await?;
+        let exclusive = row.as_ref().and_then(Row::holder).map(|(_, fence)| (HoldKind::Exclusive, fence));
+        let others = live.iter().filter_map(|l| l.kind.map(|kind| (kind, l.fence)));
+        let stolen =
+            exclusive.into_iter().chain(others).any(|(kind, fence)| fence > hold.fence && !hold.kind.admits(kind, 0));
+        Ok(Renewal::Lost(if stolen { LostReason::Stolen } else { LostReason::Expired }))
     }
 }
 
@@ -341,43 +448,77 @@ impl Backend for SqlBackend {
             extend: true,
             queue_length: false,
             results: true,
-            shared: false,
-            permits: false,
+            shared: true,
+            permits: true,
         }
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<SqlTicket>) -> Result<Attempt<SqlHold>, LockError> {
-        #[cfg(not(feature = "postgres"))]
-        let _ = ticket;
         #[cfg(feature = "postgres")]
         if let (Some(waker), true, None) = (&self.shared.waker, req.blocking, ticket.as_ref()) {
             // Subscribe before the attempt, so a release committed after it always wakes us.
             let pool = self.shared.conn.pool().await?;
             let subscription = waker.subscribe(&pool, req.name.as_str()).await?;
-            *ticket = Some(SqlTicket { subscription: Some(subscription) });
+            *ticket = Some(SqlTicket { subscription: Some(subscription), waiting: false });
         }
         let ttl = ttl_us(req.ttl());
-        let args =
-            Args { owner: req.owner.as_str(), ttl_us: ttl, grant: req.id.as_str(), ..Args::name(req.name.as_str()) };
-        let answer = self.run(&self.shared.sql.acquire, args).await?;
-        if let Some(fence) = self.granted_fence(&answer) {
+        let args = Args {
+            owner: req.owner.as_str(),
+            ttl_us: ttl,
+            grant: req.id.as_str(),
+            kind: req.kind.as_str(),
+            ..Args::name(req.name.as_str())
+        };
+        let granted = |fence| -> Result<Attempt<SqlHold>, LockError> {
             let hold = SqlHold {
                 name: req.name.clone(),
                 owner: req.owner.clone(),
                 fence,
                 grant: req.id.as_str().to_string(),
+                kind: req.kind,
                 ttl_us: AtomicI64::new(ttl),
             };
-            return Ok(Attempt::Granted { hold, token: token(fence)? });
+            Ok(Attempt::Granted { hold, token: token(fence)? })
+        };
+        if req.kind != HoldKind::Exclusive {
+            let kind = req.kind;
+            let decided =
+                self.transact(move |tx, sql, args| Box::pin(holds::attempt(tx, sql, args.args(), kind)), args).await?;
+            return match decided {
+                Ok(fence) => granted(fence),
+                Err(_) if !req.blocking => Ok(Attempt::Busy { retry_after: None }),
+                Err(retry_after) => Ok(Attempt::Busy { retry_after: Some(retry_after) }),
+            };
+        }
+        let answer = self.run(&self.shared.sql.acquire, args).await?;
+        if let Some(fence) = self.granted_fence(&answer) {
+            if ticket.as_ref().is_some_and(|t| t.waiting) {
+                // Our place as a waiting writer is used up. Should this fail, the place
+                // lapses by itself within a ttl; until then it only holds back readers that
+                // could not join us anyway while we hold.
+                if let Err(err) = self.run(&self.shared.sql.holds.unwait, args).await {
+                    tracing::debug!(lock = %req.name, %err, "removing a waiting writer's place failed");
+                }
+            }
+            return granted(fence);
         }
         if !req.blocking {
             return Ok(Attempt::Busy { retry_after: None });
         }
-        // Busy: look again when the holder's hold runs out, at the latest.
+        // Busy: look again when the hold in the way runs out, at the latest.
         let row = self.row(&req.name).await?;
-        let remaining = row
-            .as_ref()
-            .and_then(|r| r.holder().map(|_| r.remaining_us))
+        let holder = row.as_ref().and_then(|r| r.holder().map(|_| r.remaining_us));
+        let shared = row.as_ref().map(|r| r.shared_remaining_us).filter(|us| *us > 0);
+        let ticket = ticket.get_or_insert_with(SqlTicket::default);
+        if ticket.waiting || shared.is_some() {
+            // Readers are in the way: keep later ones out until we are in. A writer that
+            // waits behind another writer takes no place, so writers alone cost nothing
+            // more than before.
+            self.run(&self.shared.sql.holds.wait, args).await?;
+            ticket.waiting = true;
+        }
+        let remaining = holder
+            .or(shared)
             .map_or(Duration::ZERO, |us| Duration::from_micros(us.unsigned_abs()) + Duration::from_millis(1));
         Ok(Attempt::Busy { retry_after: Some(remaining) })
     }
@@ -388,25 +529,60 @@ impl Backend for SqlBackend {
         ticket: &mut Option<SqlTicket>,
         until: tokio::time::Instant,
     ) -> Result<(), LockError> {
-        let _ = req;
+        // A waiting writer comes back at least twice per ttl, so its place does not lapse.
+        let until = match ticket {
+            Some(t) if t.waiting => until.min(Instant::now() + req.ttl() / 2),
+            _ => until,
+        };
         #[cfg(feature = "postgres")]
         if let Some(subscription) = ticket.as_ref().and_then(|t| t.subscription.as_ref()) {
             let _ = tokio::time::timeout_at(until, subscription.notified()).await;
             return Ok(());
         }
-        let _ = ticket;
         tokio::time::sleep_until(until).await;
         Ok(())
     }
 
+    /// Gives up a waiting writer's place, so that the readers it kept out may go.
+    async fn abandon(&self, req: &Request, ticket: SqlTicket) {
+        if ticket.waiting {
+            let args = Args { grant: req.id.as_str(), ..Args::name(req.name.as_str()) };
+            if let Err(err) = self.run(&self.shared.sql.holds.unwait, args).await {
+                tracing::debug!(lock = %req.name, %err, "removing a waiting writer's place failed");
+            }
+        }
+    }
+
     /// Takes back the grant recorded under the request's id, if the attempt made one:
-    /// never another request's grant, even of the same owner.
+    /// never another request's grant, even of the same owner. A blocking exclusive request
+    /// may also have left a waiting writer's place (the attempt that failed may have been
+    /// the one that recorded it): that goes too.
     async fn give_back(&self, req: &Request, ticket: Option<SqlTicket>) {
         // A waiter's subscription (if any) ends with the ticket.
         let _ = ticket;
         let args = Args { owner: req.owner.as_str(), grant: req.id.as_str(), ..Args::name(req.name.as_str()) };
         let lasting = req.ttl() + Duration::from_millis(1);
-        match self.settle(self.shared.sql.give_back.clone(), args.to_owned(), lasting).await {
+        let take = Self::take_back(req.kind, |sql| &sql.give_back, args.to_owned());
+        let taken = match req.kind {
+            HoldKind::Exclusive if req.blocking => {
+                let unwait = Self::take_back(req.kind, |sql| &sql.holds.unwait, args.to_owned());
+                self.settle(
+                    move |this| {
+                        let (take, unwait) = (take(this.clone()), unwait(this));
+                        Box::pin(async move {
+                            let taken = take.await?;
+                            unwait.await?;
+                            Ok(taken)
+                        })
+                    },
+                    lasting,
+                )
+                .await
+            }
+            HoldKind::Exclusive => self.settle(take, lasting).await,
+            _ => self.settle(Self::take_back(req.kind, |sql| &sql.holds.give_back, args.to_owned()), lasting).await,
+        };
+        match taken {
             Ok(taken) => tracing::debug!(lock = %req.name, taken, "gave back an attempt of unknown outcome"),
             Err(err) => tracing::debug!(lock = %req.name, %err, "giving back an attempt of unknown outcome failed"),
         }
@@ -416,33 +592,27 @@ impl Backend for SqlBackend {
         self.renew_many(&[hold], ttl).await.pop().unwrap_or_else(|| Err(LockError::backend("no renewal answer")))
     }
 
-    /// One statement renews every hold (on MariaDB before 10.6, one statement each); the
-    /// holds it did not find are looked up to tell a stolen lock from an expired one.
+    /// One statement renews every exclusive hold (on MariaDB before 10.6, one statement
+    /// each), and one transaction each shared hold or permit; the holds it did not find are
+    /// looked up to tell a stolen lock from an expired one.
     async fn renew_many(&self, holds: &[&SqlHold], ttl: Duration) -> Vec<Result<Renewal, LockError>> {
-        let renewed: Vec<Result<bool, LockError>> = match holds {
-            [] => return Vec::new(),
-            [one] => vec![self.renew_one(one, ttl).await],
-            many if self.shared.batch_renewals => match self.renew_together(many, ttl).await {
-                Ok(rows) => {
-                    let renewed: HashMap<(String, i64), ()> = rows.into_iter().map(|r| (r, ())).collect();
-                    many.iter().map(|h| Ok(renewed.contains_key(&(h.name.as_str().to_string(), h.fence)))).collect()
-                }
-                Err(err) => {
-                    // The first hold keeps the error itself; the others get its text.
-                    let (transient, why) = (err.is_transient(), err.to_string());
-                    let mut first = Some(err);
-                    let mut each = || match first.take() {
-                        Some(err) => err,
-                        None if transient => LockError::unavailable(why.clone()),
-                        None => LockError::backend(why.clone()),
-                    };
-                    many.iter().map(|_| Err(each())).collect()
-                }
-            },
-            many => futures::future::join_all(many.iter().map(|h| self.renew_one(h, ttl))).await,
-        };
-        let answers = holds.iter().zip(renewed).map(|(hold, renewed)| async move {
-            match renewed? {
+        let (exclusive, others): (Vec<(usize, &SqlHold)>, Vec<(usize, &SqlHold)>) =
+            holds.iter().copied().enumerate().partition(|(_, h)| h.kind == HoldKind::Exclusive);
+        let exclusive_holds: Vec<&SqlHold> = exclusive.iter().map(|(_, h)| *h).collect();
+        let (mut renewed, others_renewed) = futures::future::join(
+            self.renew_exclusive(&exclusive_holds, ttl),
+            futures::future::join_all(others.iter().map(|(_, h)| self.renew_one(h, ttl))),
+        )
+        .await;
+        let mut by_index: Vec<Option<Result<bool, LockError>>> = holds.iter().map(|_| None).collect();
+        for ((i, _), outcome) in exclusive.iter().zip(renewed.drain(..)) {
+            by_index[*i] = Some(outcome);
+        }
+        for ((i, _), outcome) in others.iter().zip(others_renewed) {
+            by_index[*i] = Some(outcome);
+        }
+        let answers = holds.iter().zip(by_index).map(|(hold, renewed)| async move {
+            match renewed.unwrap_or_else(|| Err(LockError::backend("no renewal answer")))? {
                 true => {
                     hold.ttl_us.fetch_max(ttl_us(ttl), Ordering::Relaxed);
                     Ok(Renewal::Renewed)
@@ -459,7 +629,11 @@ impl Backend for SqlBackend {
     async fn release(&self, hold: &SqlHold) -> Result<Release, LockError> {
         let args = Self::hold_args(hold, Duration::ZERO).to_owned();
         let lasting = Duration::from_micros(hold.ttl_us.load(Ordering::Relaxed).unsigned_abs());
-        let released = self.settle(self.shared.sql.release.clone(), args, lasting).await?;
+        let take = match hold.kind {
+            HoldKind::Exclusive => Self::take_back(hold.kind, |sql| &sql.release, args),
+            _ => Self::take_back(hold.kind, |sql| &sql.holds.release, args),
+        };
+        let released = self.settle(take, lasting).await?;
         Ok(if released { Release::Released } else { Release::NotHeld })
     }
 
@@ -475,13 +649,14 @@ impl Backend for SqlBackend {
         if u64::try_from(hold.fence).ok() != Some(token.get()) {
             return Err(LockError::NotHeld);
         }
-        let stmt = &self.shared.sql.store_result;
+        let sql = &self.shared.sql;
+        let stmt = if hold.kind == HoldKind::Exclusive { &sql.store_result } else { &sql.holds.store_result };
         let retention_us = crate::results::retention_us(retention);
         let args = Args { value, retention_us, ..Self::hold_args(hold, Duration::ZERO) };
         if self.run(stmt, args).await?.matched(stmt.reply) == 0 {
             return Err(LockError::NotHeld);
         }
-        self.shared.sweeper.after_store(&self.shared.conn, &self.shared.sql.results.sweep);
+        self.shared.sweeper.after_store(&self.shared.conn, &sql.results.sweep);
         Ok(())
     }
 
@@ -490,15 +665,33 @@ impl Backend for SqlBackend {
         crate::results::record(&answer)
     }
 
+    /// The exclusive holder, or else the newest shared hold or permit.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
         let row = self.row(name).await?;
-        let holder = match row.as_ref().and_then(|r| r.holder().map(|h| (h, r))) {
-            Some(((owner, fence), row)) => Some(Holder {
+        if let Some(((owner, fence), row)) = row.as_ref().and_then(|r| r.holder().map(|h| (h, r))) {
+            let holder = Holder {
                 owner: OwnerId::new(owner)?,
                 token: token(fence)?,
                 count: u32::try_from(row.holds).unwrap_or(u32::MAX),
                 remaining: Some(Duration::from_micros(row.remaining_us.unsigned_abs())),
-            }),
+            };
+            return Ok(LockInfo { holder: Some(holder), waiters: None });
+        }
+        let live = self.live(name, row.as_ref()).await?;
+        let newest = live.iter().filter(|l| l.kind.is_some()).max_by_key(|l| l.fence);
+        let holder = match newest {
+            Some(newest) => {
+                let grants =
+                    live.iter().filter(|l| l.kind.is_some() && l.fence == newest.fence && l.owner == newest.owner);
+                let (count, remaining_us) =
+                    grants.fold((0u32, 0i64), |(n, us), l| (n.saturating_add(1), us.max(l.remaining_us)));
+                Some(Holder {
+                    owner: OwnerId::new(newest.owner.as_str())?,
+                    token: token(newest.fence)?,
+                    count,
+                    remaining: Some(Duration::from_micros(remaining_us.unsigned_abs())),
+                })
+            }
             None => None,
         };
         Ok(LockInfo { holder, waiters: None })

@@ -20,6 +20,19 @@
 //!   given back exactly (never another grant of the same owner). Waiters are woken by `LISTEN/NOTIFY` on
 //!   PostgreSQL (the release sends `pg_notify` at commit); on MySQL and SQLite they poll with
 //!   jittered backoff, never later than the holder's remaining ttl.
+//!
+//!   **Read-write locks and semaphores** ([`HoldKind`](dlock_core::HoldKind)): shared holds
+//!   and permits are rows of `<prefix>_holds` beside the lease table, one per grant (name,
+//!   request id, owner, kind, token, expiry). Each grant, renewal and release of one is a
+//!   transaction that first locks the name's lease row, so it decides on the holds as the
+//!   last one left them; the token comes from the lease row's one fence counter, and the
+//!   lease row keeps the latest expiry of the live shared holds and permits (`shared_us`),
+//!   which is how the one-statement exclusive acquire sees them. A blocking writer that
+//!   finds readers in its way records its place there as a waiting writer, refreshed by
+//!   each of its attempts (lapsing a ttl after its client dies): while one is live, no new
+//!   reader or permit is granted, so readers cannot starve writers. An exclusive lock
+//!   costs exactly what it did: readers and permits add statements only to their own
+//!   operations (and to a writer that waits for them).
 //! - [`AdvisoryLocker`] (`lock=advisory`): PostgreSQL `pg_try_advisory_lock` or MySQL
 //!   `GET_LOCK`, held by a dedicated session per lock (see [`advisory`] for how the
 //!   session is watched and how a frozen holder's session ends).
@@ -84,6 +97,7 @@ mod db;
 mod dialect;
 mod error;
 pub mod fenced;
+mod holds;
 mod lease;
 mod link;
 pub mod optimistic;

@@ -21,9 +21,10 @@ use std::sync::{Arc, Mutex};
 use dlock_core::backend::lock_unpoisoned;
 use dlock_core::wire::{Switch, Wire};
 use dlock_core::LockError;
+use futures::future::BoxFuture;
 
 use crate::config::SqlConfig;
-use crate::db::{Answer, Args, Pool, Warm};
+use crate::db::{Answer, Args, Pool, Tx, Warm};
 use crate::dialect::Stmt;
 
 /// The shared state of a client's connection: its pool and the fault it plays.
@@ -91,6 +92,22 @@ impl Conn {
             .carry(move || async move {
                 let pool = this.current_pool()?;
                 pool.run(&stmt, args.args()).await
+            })
+            .await
+    }
+
+    /// Runs `body` in one transaction over the link (see [`Pool::transact`]): as one
+    /// statement is, the whole transaction is one request that is applied or not.
+    pub(crate) async fn transact<T, F>(self: &Arc<Self>, body: F) -> Result<T, LockError>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Tx) -> BoxFuture<'_, Result<T, LockError>> + Send + Sync + 'static,
+    {
+        let this = self.clone();
+        self.wire
+            .carry(move || async move {
+                let pool = this.current_pool()?;
+                pool.transact(&body).await
             })
             .await
     }

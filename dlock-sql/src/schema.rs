@@ -9,7 +9,7 @@ use crate::dialect::LeaseSql;
 use crate::error::lock_error;
 
 /// Runs the `CREATE … IF NOT EXISTS` statements (the lease table, the results table and its
-/// index), then brings a lease table made by an earlier version up to date. Several clients
+/// index, the holds table), then brings a lease table made by an earlier version up to date. Several clients
 /// starting at once may race on PostgreSQL's catalog (a unique violation on `pg_type`) or on
 /// the upgrade; a statement that fails while the tables are nonetheless usable afterwards is
 /// not an error.
@@ -32,22 +32,74 @@ pub(crate) async fn ensure(pool: &Pool, sql: &LeaseSql, timeout: Duration) -> Re
 }
 
 async fn create(pool: &Pool, sql: &LeaseSql) -> Result<(), LockError> {
+    // A failed `CREATE` is judged once the upgrades have run: the probes read the newest
+    // columns, which a table made by an earlier version gets only from its upgrade.
+    let mut failed = None;
     for ddl in &sql.create {
         if let Err(err) = pool.run_plain(ddl).await {
-            let probe = Args::name("dlock-schema-probe");
-            if pool.run(&sql.inspect, probe).await.is_err() || pool.run(&sql.results.load, probe).await.is_err() {
-                return Err(lock_error(err));
-            }
+            failed.get_or_insert(err);
         }
     }
     for (probe, upgrade) in &sql.upgrade {
         if pool.run_plain(probe).await.is_err() {
             if let Err(err) = pool.run_plain(upgrade).await {
                 if pool.run_plain(probe).await.is_err() {
-                    return Err(lock_error(err));
+                    return Err(lock_error(failed.unwrap_or(err)));
                 }
             }
         }
     }
+    if let Some(err) = failed {
+        let probe = Args::name("dlock-schema-probe");
+        for stmt in [&sql.inspect, &sql.results.load, &sql.holds.live] {
+            if pool.run(stmt, probe).await.is_err() {
+                return Err(lock_error(err));
+            }
+        }
+    }
     Ok(())
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use dlock_core::{LockName, LockOptions, Locker};
+
+    use crate::config::SqlConfig;
+
+    /// A database made by the version before shared holds (a lease table without
+    /// `shared_us`, no holds table) is brought up to date on connect, and works for every
+    /// kind of hold.
+    #[tokio::test]
+    async fn upgrades_a_database_of_the_previous_version() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("locks.db");
+        {
+            use sqlx::ConnectOptions;
+            let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true);
+            let mut conn = opts.connect().await.expect("open");
+            sqlx::query(
+                "CREATE TABLE dlock_leases (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+                 holds INTEGER NOT NULL DEFAULT 0, fence INTEGER NOT NULL DEFAULT 0, \
+                 expires_us INTEGER NOT NULL DEFAULT 0, grants TEXT NOT NULL DEFAULT '') WITHOUT ROWID",
+            )
+            .execute(&mut conn)
+            .await
+            .expect("old lease table");
+            sqlx::query("INSERT INTO dlock_leases (name, fence) VALUES ('old', 7)")
+                .execute(&mut conn)
+                .await
+                .expect("old row");
+        }
+        let locker = crate::connect(SqlConfig::sqlite_file(&path)).await.expect("connect");
+        let name = LockName::new("old").expect("name");
+        let reader = locker.acquire(&name, &LockOptions::new().read()).await.expect("read");
+        assert_eq!(reader.token().get(), 8, "the old fence counter goes on");
+        assert!(locker.try_acquire(&name, &LockOptions::new()).await.expect("write").is_none());
+        reader.release().await.expect("release");
+        let writer = locker.acquire(&name, &LockOptions::new()).await.expect("write");
+        assert_eq!(writer.token().get(), 9);
+        writer.release().await.expect("release");
+        // Connecting again finds everything in place.
+        drop(crate::connect(SqlConfig::sqlite_file(&path)).await.expect("connect again"));
+    }
 }

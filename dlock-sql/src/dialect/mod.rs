@@ -33,6 +33,8 @@ pub(crate) enum Param {
     Value,
     /// How long a stored result is kept, in microseconds (rounded up).
     RetentionUs,
+    /// The kind of a hold in the holds table (see [`HoldSql`]).
+    Kind,
 }
 
 /// What a statement answers with.
@@ -65,7 +67,11 @@ impl Stmt {
 ///   value (0 when busy). It records the request id of the grant in `grants`
 ///   (`,id1,id2,`: one per hold of a re-entrant owner), so that a release, or the give-back
 ///   of an acquire whose reply was lost, takes back exactly its own grant, once.
-/// - `inspect` answers `(owner, fence, holds, remaining_us)`.
+/// - `acquire` grants only while no shared hold or permit is live: the row's `shared_us`
+///   (the latest expiry of the name's shared holds and permits, kept by [`HoldSql`]) has
+///   passed. The exclusive statements read nothing but their own row, so they stay one
+///   statement each.
+/// - `inspect` answers `(owner, fence, holds, remaining_us, shared_remaining_us)`.
 /// - `renew` and `release` are owner- and token-checked; they match one row or none.
 ///   `release` also needs its grant to be recorded, and removes it: a release applied twice
 ///   (its reply lost, then sent again) takes back one hold, not two.
@@ -74,7 +80,7 @@ impl Stmt {
 /// - `renew_batch` renews many holds in one statement; it answers with the `(name, fence)`
 ///   rows it renewed, or on MySQL with the count of rows it matched (`renewed` then lists
 ///   them when some were not).
-/// - `evict` clears the holder and keeps the fence counter.
+/// - `evict` clears the holder (and `shared_us`) and keeps the fence counter.
 /// - `store_result` writes the result row of a hold, in the same statement as the check
 ///   `release` makes (owner, token, grant recorded, not expired) and the check that the
 ///   stored result is of a lower token or expired: it matches one row when it stored, none
@@ -83,7 +89,7 @@ impl Stmt {
 ///   release, eviction or grant cannot slip between the check and the write.
 /// - `results` are the statements of the results table beside the lease table.
 ///
-/// `create` makes both tables.
+/// `create` makes the three tables.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseSql {
     pub(crate) create: Vec<String>,
@@ -97,6 +103,7 @@ pub(crate) struct LeaseSql {
     pub(crate) evict: Stmt,
     pub(crate) store_result: Stmt,
     pub(crate) results: ResultSql,
+    pub(crate) holds: HoldSql,
     /// Brings a lease table made by an earlier version up to date: a probe that fails on an
     /// old table, and the statement that fixes it.
     pub(crate) upgrade: Vec<(String, String)>,
@@ -119,6 +126,60 @@ pub(crate) struct ResultSql {
     pub(crate) create: Vec<String>,
     pub(crate) load: Stmt,
     pub(crate) sweep: Stmt,
+}
+
+/// The `kind` of a holds-table row that is not a hold but a waiting writer's place: while
+/// one is live, no new shared hold or permit is granted (writer preference).
+pub(crate) const WAITING: &str = "waiting";
+
+/// The statements of the holds table (`<prefix>_holds` beside the lease table), which keeps
+/// the shared holds and semaphore permits: one row per grant (`name`, `request`: the
+/// request id; `owner`, `kind`: `shared`, `permit` or [`WAITING`]; `fence`: the token,
+/// shared by the grants of one owner's re-entered hold; `expires_us`). The fence counter
+/// stays in the lease row, so every grant of any kind takes the next token of one counter.
+///
+/// Every change to a name's holds runs in a transaction that first locks the name's lease
+/// row (`lock`, then `locked` on MySQL), so the statements after it read the holds as the
+/// last transaction left them, and decide and write without anyone slipping in between.
+/// The lease row's `shared_us` carries the latest expiry of the live holds to the
+/// exclusive statements, which read no other table: raised by every grant and renewal,
+/// recomputed from the rows by every release (`recount`).
+///
+/// - `lock` makes the lease row if missing and locks it, answering (PostgreSQL, SQLite)
+///   `(owner, holds, remaining_us, fence)` of the exclusive hold; on MySQL `locked` reads
+///   them after it.
+/// - `live` answers `(request, owner, kind, fence, remaining_us)` of every live row.
+/// - `sweep` deletes the name's expired rows.
+/// - `bump` takes the next token and raises `shared_us` for a new hold of `ttl`, answering
+///   with the token (a row, or MySQL's `LAST_INSERT_ID`).
+/// - `insert` records one grant.
+/// - `touch` keeps the live rows of one hold (owner and token) for `ttl` more; `extend`
+///   raises `shared_us` to match.
+/// - `release` deletes a live grant (owner, request id, token); `give_back` deletes the row
+///   of a request id whatever it is (a grant of unknown token, or a waiting place);
+///   `recount` then sets `shared_us` from the rows left.
+/// - `wait` records (or refreshes) a waiting writer's place; `unwait` deletes it.
+/// - `evict` deletes every row of the name.
+/// - `store_result` is the lease table's `store_result` for a hold of this table.
+/// - `notify` (PostgreSQL) announces at commit that holds of the name were given up.
+#[derive(Debug, Clone)]
+pub(crate) struct HoldSql {
+    pub(crate) lock: Stmt,
+    pub(crate) locked: Option<Stmt>,
+    pub(crate) live: Stmt,
+    pub(crate) sweep: Stmt,
+    pub(crate) bump: Stmt,
+    pub(crate) insert: Stmt,
+    pub(crate) touch: Stmt,
+    pub(crate) extend: Stmt,
+    pub(crate) release: Stmt,
+    pub(crate) give_back: Stmt,
+    pub(crate) recount: Stmt,
+    pub(crate) wait: Stmt,
+    pub(crate) unwait: Stmt,
+    pub(crate) evict: Stmt,
+    pub(crate) store_result: Stmt,
+    pub(crate) notify: Option<Stmt>,
 }
 
 /// The most expired result rows one sweep deletes, so that a sweep stays a short statement
@@ -170,26 +231,43 @@ pub(crate) fn advisory_store(dialect: Dialect, results: &str, advisory: &str, cl
 /// asked, never shorter.
 pub(crate) const CLOCK_SLACK_US: i64 = 1_000;
 
+/// The names of the lease table and the tables beside it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tables<'a> {
+    pub(crate) leases: &'a str,
+    pub(crate) results: &'a str,
+    pub(crate) holds: &'a str,
+}
+
 impl LeaseSql {
-    /// The statements of the lease table `table` and the results table `results`.
-    pub(crate) fn new(dialect: Dialect, table: &str, results: &str) -> Self {
+    /// The statements of the tables `config` names.
+    pub(crate) fn of(config: &crate::config::SqlConfig) -> Self {
+        let (leases, results, holds) = (config.table(), config.results_table(), config.holds_table());
+        Self::new(config.dialect, Tables { leases: &leases, results: &results, holds: &holds })
+    }
+
+    /// The statements of the lease table and the tables beside it.
+    pub(crate) fn new(dialect: Dialect, tables: Tables<'_>) -> Self {
         match dialect {
             #[cfg(feature = "postgres")]
-            Dialect::Postgres => postgres::lease_sql(table, results),
+            Dialect::Postgres => postgres::lease_sql(tables),
             #[cfg(feature = "mysql")]
-            Dialect::MySql => mysql::lease_sql(table, results),
+            Dialect::MySql => mysql::lease_sql(tables),
             #[cfg(feature = "sqlite")]
-            Dialect::Sqlite => sqlite::lease_sql(table, results),
+            Dialect::Sqlite => sqlite::lease_sql(tables),
             #[allow(unreachable_patterns)]
             other => unreachable!("{other:?} is not compiled in; SqlConfig refuses it"),
         }
     }
 }
 
-/// The statements that create the lease table `<prefix>_leases` and the results table
-/// `<prefix>_results` (with its index) on `dialect`, for users who manage their schema with
-/// migrations (then connect with `create_table=false`). Without the results table, locks
-/// work and storing or loading a result fails with a database error.
+/// The statements that create the lease table `<prefix>_leases`, the results table
+/// `<prefix>_results` (with its index) and the holds table `<prefix>_holds` on `dialect`,
+/// for users who manage their schema with migrations (then connect with
+/// `create_table=false`). Without the results table, locks work and storing or loading a
+/// result fails with a database error; without the holds table, so do shared holds and
+/// permits. A lease table made by an earlier version needs its new column too:
+/// `shared_us`, a `BIGINT NOT NULL DEFAULT 0` (SQLite `INTEGER`).
 ///
 /// ```
 /// use dlock_sql::{schema, Dialect};
@@ -199,5 +277,6 @@ impl LeaseSql {
 /// assert!(ddl[1].starts_with("CREATE TABLE IF NOT EXISTS dlock_results"));
 /// ```
 pub fn schema(dialect: Dialect, prefix: &str) -> Vec<String> {
-    LeaseSql::new(dialect, &format!("{prefix}_leases"), &format!("{prefix}_results")).create
+    let (leases, results, holds) = (format!("{prefix}_leases"), format!("{prefix}_results"), format!("{prefix}_holds"));
+    LeaseSql::new(dialect, Tables { leases: &leases, results: &results, holds: &holds }).create
 }

@@ -8,14 +8,19 @@
 //! Names and owners are `VARBINARY`, so they compare byte by byte and a 1024-byte name
 //! fits InnoDB's 3072-byte key limit.
 
-use super::{LeaseSql, Param::*, Reply, ResultSql, Stmt, CLOCK_SLACK_US, SWEEP_BATCH};
+use super::{HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, Tables, CLOCK_SLACK_US, SWEEP_BATCH, WAITING};
 
 /// Microseconds since the epoch at the start of the statement (the session time zone is
 /// UTC, so `UNIX_TIMESTAMP(NOW(6))` is exact).
 const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
 
-pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
-    let free = format!("(owner IS NULL OR expires_us <= {NOW})");
+pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
+    let (t, r, h) = (tables.leases, tables.results, tables.holds);
+    // Free for an exclusive grant: no live exclusive hold, and no live shared hold or permit.
+    let free = format!("((owner IS NULL OR expires_us <= {NOW}) AND shared_us <= {NOW})");
+    // Re-entry needs our hold live: the row may be busy only with shared holds while an
+    // expired hold of ours is still written in it.
+    let mine = format!("(owner = ? AND expires_us > {NOW})");
     // The batch as a table; names compare as bytes, so the join uses the primary key.
     let batch = "JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(1024) PATH '$.n', o VARCHAR(256) PATH '$.o', \
                  f BIGINT PATH '$.f', t BIGINT PATH '$.t')) AS d \
@@ -28,9 +33,20 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
          holds BIGINT NOT NULL DEFAULT 0, \
          fence BIGINT NOT NULL DEFAULT 0, \
          expires_us BIGINT NOT NULL DEFAULT 0, \
-         grants VARBINARY(16384) NOT NULL DEFAULT '') ENGINE=InnoDB"
+         grants VARBINARY(16384) NOT NULL DEFAULT '', \
+         shared_us BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
     )];
     create.extend(results.create.iter().cloned());
+    create.push(format!(
+        "CREATE TABLE IF NOT EXISTS {h} (\
+         name VARBINARY(1024) NOT NULL, \
+         request VARBINARY(64) NOT NULL, \
+         owner VARBINARY(256) NOT NULL, \
+         kind VARCHAR(16) NOT NULL, \
+         fence BIGINT NOT NULL, \
+         expires_us BIGINT NOT NULL, \
+         PRIMARY KEY (name, request)) ENGINE=InnoDB"
+    ));
     LeaseSql {
         create,
         acquire: Stmt::new(
@@ -38,17 +54,18 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
                 "INSERT INTO {t} (name, owner, holds, fence, expires_us, grants) \
                  VALUES (?, ?, 1, LAST_INSERT_ID(1), {NOW} + ? + {CLOCK_SLACK_US}, CONCAT(',', ?, ',')) \
                  ON DUPLICATE KEY UPDATE \
-                 fence = IF({free}, LAST_INSERT_ID(fence + 1), IF(owner = ?, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))), \
-                 holds = IF({free}, 1, IF(owner = ?, holds + 1, holds)), \
-                 grants = IF({free}, CONCAT(',', ?, ','), IF(owner = ?, CONCAT(grants, ?, ','), grants)), \
+                 fence = IF({free}, LAST_INSERT_ID(fence + 1), IF({mine}, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))), \
+                 holds = IF({free}, 1, IF({mine}, holds + 1, holds)), \
+                 grants = IF({free}, CONCAT(',', ?, ','), IF({mine}, CONCAT(grants, ?, ','), grants)), \
                  owner = IF({free}, ?, owner), \
-                 expires_us = IF(owner = ?, GREATEST(expires_us, {NOW} + ? + {CLOCK_SLACK_US}), expires_us)"
+                 expires_us = IF(owner = ? AND (expires_us > {NOW} OR shared_us <= {NOW}), \
+                 GREATEST(expires_us, {NOW} + ? + {CLOCK_SLACK_US}), expires_us)"
             ),
             &[Name, Owner, TtlUs, Grant, Owner, Owner, Grant, Owner, Grant, Owner, Owner, TtlUs],
             Reply::Done,
         ),
         inspect: Stmt::new(
-            format!("SELECT owner, fence, holds, expires_us - {NOW} FROM {t} WHERE name = ?"),
+            format!("SELECT owner, fence, holds, expires_us - {NOW}, shared_us - {NOW} FROM {t} WHERE name = ?"),
             &[Name],
             Reply::Rows,
         ),
@@ -83,7 +100,7 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
         ),
         give_back: Stmt::new(take_back(t, ""), &[Grant, Name, Owner, Grant], Reply::Done),
         evict: Stmt::new(
-            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '' WHERE name = ?"),
+            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '', shared_us = 0 WHERE name = ?"),
             &[Name],
             Reply::Done,
         ),
@@ -102,11 +119,124 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
             Reply::Done,
         ),
         results,
-        upgrade: vec![(
-            format!("SELECT grants FROM {t} WHERE 1 = 0"),
-            format!("ALTER TABLE {t} ADD COLUMN grants VARBINARY(16384) NOT NULL DEFAULT ''"),
-        )],
+        holds: hold_sql(t, r, h),
+        upgrade: vec![
+            (
+                format!("SELECT grants FROM {t} WHERE 1 = 0"),
+                format!("ALTER TABLE {t} ADD COLUMN grants VARBINARY(16384) NOT NULL DEFAULT ''"),
+            ),
+            (
+                format!("SELECT shared_us FROM {t} WHERE 1 = 0"),
+                format!("ALTER TABLE {t} ADD COLUMN shared_us BIGINT NOT NULL DEFAULT 0"),
+            ),
+        ],
         channel: None,
+    }
+}
+
+/// The statements of the holds table `h` beside the lease table `t` (see [`HoldSql`]).
+fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
+    let expiry = format!("{NOW} + ? + {CLOCK_SLACK_US}");
+    HoldSql {
+        // The upsert locks the row even when it changes nothing; `locked` then reads it as
+        // it is now (a locking read, whatever the isolation level).
+        lock: Stmt::new(
+            format!("INSERT INTO {t} (name) VALUES (?) ON DUPLICATE KEY UPDATE fence = fence"),
+            &[Name],
+            Reply::Done,
+        ),
+        locked: Some(Stmt::new(
+            format!("SELECT owner, holds, expires_us - {NOW}, fence FROM {t} WHERE name = ? FOR UPDATE"),
+            &[Name],
+            Reply::Rows,
+        )),
+        live: Stmt::new(
+            format!(
+                "SELECT request, owner, kind, fence, expires_us - {NOW} FROM {h} WHERE name = ? AND expires_us > {NOW}"
+            ),
+            &[Name],
+            Reply::Rows,
+        ),
+        sweep: Stmt::new(format!("DELETE FROM {h} WHERE name = ? AND expires_us <= {NOW}"), &[Name], Reply::Done),
+        bump: Stmt::new(
+            format!(
+                "UPDATE {t} SET fence = LAST_INSERT_ID(fence + 1), shared_us = GREATEST(shared_us, {expiry}) \
+                 WHERE name = ?"
+            ),
+            &[TtlUs, Name],
+            Reply::Done,
+        ),
+        insert: Stmt::new(
+            format!(
+                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) VALUES (?, ?, ?, ?, ?, {expiry}) \
+                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), kind = VALUES(kind), fence = VALUES(fence), \
+                 expires_us = VALUES(expires_us)"
+            ),
+            &[Name, Grant, Owner, Kind, Fence, TtlUs],
+            Reply::Done,
+        ),
+        touch: Stmt::new(
+            format!(
+                "UPDATE {h} SET expires_us = GREATEST(expires_us, {expiry}) \
+                 WHERE name = ? AND owner = ? AND fence = ? AND kind <> '{WAITING}' AND expires_us > {NOW}"
+            ),
+            &[TtlUs, Name, Owner, Fence],
+            Reply::Done,
+        ),
+        extend: Stmt::new(
+            format!("UPDATE {t} SET shared_us = GREATEST(shared_us, {expiry}) WHERE name = ?"),
+            &[TtlUs, Name],
+            Reply::Done,
+        ),
+        release: Stmt::new(
+            format!(
+                "DELETE FROM {h} WHERE name = ? AND owner = ? AND request = ? AND fence = ? \
+                 AND kind <> '{WAITING}' AND expires_us > {NOW}"
+            ),
+            &[Name, Owner, Grant, Fence],
+            Reply::Done,
+        ),
+        give_back: Stmt::new(
+            format!("DELETE FROM {h} WHERE name = ? AND owner = ? AND request = ?"),
+            &[Name, Owner, Grant],
+            Reply::Done,
+        ),
+        recount: Stmt::new(
+            format!(
+                "UPDATE {t} SET shared_us = COALESCE((SELECT MAX(h.expires_us) FROM {h} AS h \
+                 WHERE h.name = ? AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), 0) WHERE name = ?"
+            ),
+            &[Name, Name],
+            Reply::Done,
+        ),
+        wait: Stmt::new(
+            format!(
+                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) \
+                 VALUES (?, ?, ?, '{WAITING}', 0, {expiry}) \
+                 ON DUPLICATE KEY UPDATE expires_us = IF(kind = '{WAITING}', VALUES(expires_us), expires_us)"
+            ),
+            &[Name, Grant, Owner, TtlUs],
+            Reply::Done,
+        ),
+        unwait: Stmt::new(
+            format!("DELETE FROM {h} WHERE name = ? AND request = ? AND kind = '{WAITING}'"),
+            &[Name, Grant],
+            Reply::Done,
+        ),
+        evict: Stmt::new(format!("DELETE FROM {h} WHERE name = ?"), &[Name], Reply::Done),
+        // `LOCK IN SHARE MODE`, as for the lease table's store.
+        store_result: Stmt::new(
+            format!(
+                "INSERT INTO {r} (name, token, value, expires_us) \
+                 SELECT h.name, h.fence, ?, {NOW} + ? FROM {h} AS h LEFT JOIN {r} AS o ON o.name = h.name \
+                 WHERE h.name = ? AND h.owner = ? AND h.fence = ? AND h.request = ? \
+                 AND h.kind <> '{WAITING}' AND h.expires_us > {NOW} AND {older} LOCK IN SHARE MODE {REPLACE}",
+                older = older("h.fence"),
+            ),
+            &[Value, RetentionUs, Name, Owner, Fence, Grant],
+            Reply::Done,
+        ),
+        notify: None,
     }
 }
 

@@ -1,12 +1,13 @@
 //! PostgreSQL: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` per acquire; release
 //! announces a freed lock with `pg_notify` (sent at commit).
 
-use super::{LeaseSql, Param::*, Reply, ResultSql, Stmt, CLOCK_SLACK_US, SWEEP_BATCH};
+use super::{HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, Tables, CLOCK_SLACK_US, SWEEP_BATCH, WAITING};
 
 /// Microseconds since the epoch at the start of the statement, exact.
 const NOW: &str = "(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000))::bigint";
 
-pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
+pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
+    let (t, r, h) = (tables.leases, tables.results, tables.holds);
     let channel = t.to_string();
     let results = result_sql(r);
     // `COLLATE "C"`: names and owners compare byte by byte, never case-insensitively.
@@ -17,9 +18,20 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
          holds BIGINT NOT NULL DEFAULT 0, \
          fence BIGINT NOT NULL DEFAULT 0, \
          expires_us BIGINT NOT NULL DEFAULT 0, \
-         grants TEXT COLLATE \"C\" NOT NULL DEFAULT '')"
+         grants TEXT COLLATE \"C\" NOT NULL DEFAULT '', \
+         shared_us BIGINT NOT NULL DEFAULT 0)"
     )];
     create.extend(results.create.iter().cloned());
+    create.push(format!(
+        "CREATE TABLE IF NOT EXISTS {h} (\
+         name TEXT COLLATE \"C\" NOT NULL, \
+         request TEXT COLLATE \"C\" NOT NULL, \
+         owner TEXT COLLATE \"C\" NOT NULL, \
+         kind TEXT NOT NULL, \
+         fence BIGINT NOT NULL, \
+         expires_us BIGINT NOT NULL, \
+         PRIMARY KEY (name, request))"
+    ));
     LeaseSql {
         create,
         acquire: Stmt::new(
@@ -33,14 +45,15 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
                  THEN l.grants || $4 || ',' ELSE EXCLUDED.grants END, \
                  expires_us = GREATEST(l.expires_us, EXCLUDED.expires_us), \
                  owner = EXCLUDED.owner \
-                 WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_us <= {NOW} \
+                 WHERE (l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_us <= {NOW}) \
+                 AND l.shared_us <= {NOW} \
                  RETURNING fence, holds"
             ),
             &[Name, Owner, TtlUs, Grant],
             Reply::Rows,
         ),
         inspect: Stmt::new(
-            format!("SELECT owner, fence, holds, expires_us - {NOW} FROM {t} WHERE name = $1"),
+            format!("SELECT owner, fence, holds, expires_us - {NOW}, shared_us - {NOW} FROM {t} WHERE name = $1"),
             &[Name],
             Reply::Rows,
         ),
@@ -71,7 +84,8 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
         give_back: Stmt::new(take_back(t, &channel, ""), &[Name, Owner, Grant], Reply::Rows),
         evict: Stmt::new(
             format!(
-                "WITH r AS (UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '' WHERE name = $1 RETURNING name) \
+                "WITH r AS (UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '', shared_us = 0 \
+                 WHERE name = $1 RETURNING name) \
                  SELECT (SELECT 1 FROM pg_notify('{channel}', $1)) FROM r"
             ),
             &[Name],
@@ -93,11 +107,128 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
             Reply::Rows,
         ),
         results,
-        upgrade: vec![(
-            format!("SELECT grants FROM {t} WHERE 1 = 0"),
-            format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS grants TEXT COLLATE \"C\" NOT NULL DEFAULT ''"),
-        )],
+        holds: hold_sql(t, r, h, &channel),
+        upgrade: vec![
+            (
+                format!("SELECT grants FROM {t} WHERE 1 = 0"),
+                format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS grants TEXT COLLATE \"C\" NOT NULL DEFAULT ''"),
+            ),
+            (
+                format!("SELECT shared_us FROM {t} WHERE 1 = 0"),
+                format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS shared_us BIGINT NOT NULL DEFAULT 0"),
+            ),
+        ],
         channel: Some(channel),
+    }
+}
+
+/// The statements of the holds table `h` beside the lease table `t` (see [`HoldSql`]).
+fn hold_sql(t: &str, r: &str, h: &str, channel: &str) -> HoldSql {
+    let expiry = format!("{NOW} + $6 + {CLOCK_SLACK_US}");
+    HoldSql {
+        // A no-op update still locks the row, and RETURNING reads its latest version.
+        lock: Stmt::new(
+            format!(
+                "INSERT INTO {t} AS l (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET fence = l.fence \
+                 RETURNING l.owner, l.holds, l.expires_us - {NOW}, l.fence"
+            ),
+            &[Name],
+            Reply::Rows,
+        ),
+        locked: None,
+        live: Stmt::new(
+            format!("SELECT request, owner, kind, fence, expires_us - {NOW} FROM {h} WHERE name = $1 AND expires_us > {NOW}"),
+            &[Name],
+            Reply::Rows,
+        ),
+        sweep: Stmt::new(format!("DELETE FROM {h} WHERE name = $1 AND expires_us <= {NOW}"), &[Name], Reply::Done),
+        bump: Stmt::new(
+            format!(
+                "UPDATE {t} SET fence = fence + 1, shared_us = GREATEST(shared_us, {NOW} + $2 + {CLOCK_SLACK_US}) \
+                 WHERE name = $1 RETURNING fence"
+            ),
+            &[Name, TtlUs],
+            Reply::Rows,
+        ),
+        insert: Stmt::new(
+            format!(
+                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) VALUES ($1, $2, $3, $4, $5, {expiry}) \
+                 ON CONFLICT (name, request) DO UPDATE SET owner = EXCLUDED.owner, kind = EXCLUDED.kind, \
+                 fence = EXCLUDED.fence, expires_us = EXCLUDED.expires_us"
+            ),
+            &[Name, Grant, Owner, Kind, Fence, TtlUs],
+            Reply::Done,
+        ),
+        touch: Stmt::new(
+            format!(
+                "UPDATE {h} SET expires_us = GREATEST(expires_us, {NOW} + $4 + {CLOCK_SLACK_US}) \
+                 WHERE name = $1 AND owner = $2 AND fence = $3 AND kind <> '{WAITING}' AND expires_us > {NOW}"
+            ),
+            &[Name, Owner, Fence, TtlUs],
+            Reply::Done,
+        ),
+        extend: Stmt::new(
+            format!("UPDATE {t} SET shared_us = GREATEST(shared_us, {NOW} + $2 + {CLOCK_SLACK_US}) WHERE name = $1"),
+            &[Name, TtlUs],
+            Reply::Done,
+        ),
+        release: Stmt::new(
+            format!(
+                "DELETE FROM {h} WHERE name = $1 AND owner = $2 AND request = $3 AND fence = $4 \
+                 AND kind <> '{WAITING}' AND expires_us > {NOW}"
+            ),
+            &[Name, Owner, Grant, Fence],
+            Reply::Done,
+        ),
+        give_back: Stmt::new(
+            format!("DELETE FROM {h} WHERE name = $1 AND owner = $2 AND request = $3"),
+            &[Name, Owner, Grant],
+            Reply::Done,
+        ),
+        recount: Stmt::new(
+            format!(
+                "UPDATE {t} SET shared_us = COALESCE((SELECT MAX(h.expires_us) FROM {h} AS h \
+                 WHERE h.name = $1 AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), 0) WHERE name = $1"
+            ),
+            &[Name],
+            Reply::Done,
+        ),
+        wait: Stmt::new(
+            format!(
+                "INSERT INTO {h} AS h (name, request, owner, kind, fence, expires_us) \
+                 VALUES ($1, $2, $3, '{WAITING}', 0, {NOW} + $4 + {CLOCK_SLACK_US}) \
+                 ON CONFLICT (name, request) DO UPDATE SET expires_us = EXCLUDED.expires_us \
+                 WHERE h.kind = '{WAITING}'"
+            ),
+            &[Name, Grant, Owner, TtlUs],
+            Reply::Done,
+        ),
+        // Readers that waited behind the writer may go now.
+        unwait: Stmt::new(
+            format!(
+                "WITH d AS (DELETE FROM {h} WHERE name = $1 AND request = $2 AND kind = '{WAITING}' RETURNING name) \
+                 SELECT (SELECT 1 FROM pg_notify('{channel}', $1)) FROM d"
+            ),
+            &[Name, Grant],
+            Reply::Rows,
+        ),
+        evict: Stmt::new(format!("DELETE FROM {h} WHERE name = $1"), &[Name], Reply::Done),
+        // `FOR SHARE`, as for the lease table's store: the hold's row cannot be released,
+        // given back or evicted until the store commits.
+        store_result: Stmt::new(
+            format!(
+                "INSERT INTO {r} AS r (name, token, value, expires_us) \
+                 SELECT h.name, h.fence, $5, {NOW} + $6 FROM {h} AS h \
+                 WHERE h.name = $1 AND h.owner = $2 AND h.fence = $3 AND h.request = $4 \
+                 AND h.kind <> '{WAITING}' AND h.expires_us > {NOW} \
+                 FOR SHARE OF h \
+                 {replace} RETURNING token",
+                replace = replace_older(),
+            ),
+            &[Name, Owner, Fence, Grant, Value, RetentionUs],
+            Reply::Rows,
+        ),
+        notify: Some(Stmt::new(format!("SELECT pg_notify('{channel}', $1)"), &[Name], Reply::Rows)),
     }
 }
 

@@ -2,12 +2,13 @@
 //! write statement takes the file's write lock before it reads, so it is atomic across
 //! processes; waiting for that lock is bounded by the busy timeout.
 
-use super::{LeaseSql, Param::*, Reply, ResultSql, Stmt, CLOCK_SLACK_US, SWEEP_BATCH};
+use super::{HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, Tables, CLOCK_SLACK_US, SWEEP_BATCH, WAITING};
 
 /// Microseconds since the epoch, from the statement's `'now'` (millisecond resolution).
 const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
 
-pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
+pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
+    let (t, r, h) = (tables.leases, tables.results, tables.holds);
     let results = result_sql(r);
     // TEXT compares with the BINARY collation: byte by byte.
     let mut create = vec![format!(
@@ -17,9 +18,20 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
          holds INTEGER NOT NULL DEFAULT 0, \
          fence INTEGER NOT NULL DEFAULT 0, \
          expires_us INTEGER NOT NULL DEFAULT 0, \
-         grants TEXT NOT NULL DEFAULT '') WITHOUT ROWID"
+         grants TEXT NOT NULL DEFAULT '', \
+         shared_us INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID"
     )];
     create.extend(results.create.iter().cloned());
+    create.push(format!(
+        "CREATE TABLE IF NOT EXISTS {h} (\
+         name TEXT NOT NULL, \
+         request TEXT NOT NULL, \
+         owner TEXT NOT NULL, \
+         kind TEXT NOT NULL, \
+         fence INTEGER NOT NULL, \
+         expires_us INTEGER NOT NULL, \
+         PRIMARY KEY (name, request)) WITHOUT ROWID"
+    ));
     LeaseSql {
         create,
         acquire: Stmt::new(
@@ -33,14 +45,15 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
                  THEN l.grants || ?4 || ',' ELSE excluded.grants END, \
                  expires_us = MAX(l.expires_us, excluded.expires_us), \
                  owner = excluded.owner \
-                 WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_us <= {NOW} \
+                 WHERE (l.owner IS NULL OR l.owner = excluded.owner OR l.expires_us <= {NOW}) \
+                 AND l.shared_us <= {NOW} \
                  RETURNING fence, holds"
             ),
             &[Name, Owner, TtlUs, Grant],
             Reply::Rows,
         ),
         inspect: Stmt::new(
-            format!("SELECT owner, fence, holds, expires_us - {NOW} FROM {t} WHERE name = ?1"),
+            format!("SELECT owner, fence, holds, expires_us - {NOW}, shared_us - {NOW} FROM {t} WHERE name = ?1"),
             &[Name],
             Reply::Rows,
         ),
@@ -71,7 +84,7 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
         ),
         give_back: Stmt::new(take_back(t, ""), &[Name, Owner, Grant], Reply::Done),
         evict: Stmt::new(
-            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '' WHERE name = ?1"),
+            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '', shared_us = 0 WHERE name = ?1"),
             &[Name],
             Reply::Done,
         ),
@@ -92,11 +105,126 @@ pub(super) fn lease_sql(t: &str, r: &str) -> LeaseSql {
             Reply::Rows,
         ),
         results,
-        upgrade: vec![(
-            format!("SELECT grants FROM {t} WHERE 1 = 0"),
-            format!("ALTER TABLE {t} ADD COLUMN grants TEXT NOT NULL DEFAULT ''"),
-        )],
+        holds: hold_sql(t, r, h),
+        upgrade: vec![
+            (
+                format!("SELECT grants FROM {t} WHERE 1 = 0"),
+                format!("ALTER TABLE {t} ADD COLUMN grants TEXT NOT NULL DEFAULT ''"),
+            ),
+            (
+                format!("SELECT shared_us FROM {t} WHERE 1 = 0"),
+                format!("ALTER TABLE {t} ADD COLUMN shared_us INTEGER NOT NULL DEFAULT 0"),
+            ),
+        ],
         channel: None,
+    }
+}
+
+/// The statements of the holds table `h` beside the lease table `t` (see [`HoldSql`]).
+/// The transaction they run in is `BEGIN IMMEDIATE`: it holds the file's write lock from
+/// its start, so `lock` need not lock anything itself.
+fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
+    HoldSql {
+        lock: Stmt::new(
+            format!(
+                "INSERT INTO {t} AS l (name) VALUES (?1) ON CONFLICT (name) DO UPDATE SET fence = l.fence \
+                 RETURNING owner, holds, expires_us - {NOW}, fence"
+            ),
+            &[Name],
+            Reply::Rows,
+        ),
+        locked: None,
+        live: Stmt::new(
+            format!("SELECT request, owner, kind, fence, expires_us - {NOW} FROM {h} WHERE name = ?1 AND expires_us > {NOW}"),
+            &[Name],
+            Reply::Rows,
+        ),
+        sweep: Stmt::new(format!("DELETE FROM {h} WHERE name = ?1 AND expires_us <= {NOW}"), &[Name], Reply::Done),
+        bump: Stmt::new(
+            format!(
+                "UPDATE {t} SET fence = fence + 1, shared_us = MAX(shared_us, {NOW} + ?2 + {CLOCK_SLACK_US}) \
+                 WHERE name = ?1 RETURNING fence"
+            ),
+            &[Name, TtlUs],
+            Reply::Rows,
+        ),
+        insert: Stmt::new(
+            format!(
+                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, {NOW} + ?6 + {CLOCK_SLACK_US}) \
+                 ON CONFLICT (name, request) DO UPDATE SET owner = excluded.owner, kind = excluded.kind, \
+                 fence = excluded.fence, expires_us = excluded.expires_us"
+            ),
+            &[Name, Grant, Owner, Kind, Fence, TtlUs],
+            Reply::Done,
+        ),
+        touch: Stmt::new(
+            format!(
+                "UPDATE {h} SET expires_us = MAX(expires_us, {NOW} + ?4 + {CLOCK_SLACK_US}) \
+                 WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND kind <> '{WAITING}' AND expires_us > {NOW}"
+            ),
+            &[Name, Owner, Fence, TtlUs],
+            Reply::Done,
+        ),
+        extend: Stmt::new(
+            format!("UPDATE {t} SET shared_us = MAX(shared_us, {NOW} + ?2 + {CLOCK_SLACK_US}) WHERE name = ?1"),
+            &[Name, TtlUs],
+            Reply::Done,
+        ),
+        release: Stmt::new(
+            format!(
+                "DELETE FROM {h} WHERE name = ?1 AND owner = ?2 AND request = ?3 AND fence = ?4 \
+                 AND kind <> '{WAITING}' AND expires_us > {NOW}"
+            ),
+            &[Name, Owner, Grant, Fence],
+            Reply::Done,
+        ),
+        give_back: Stmt::new(
+            format!("DELETE FROM {h} WHERE name = ?1 AND owner = ?2 AND request = ?3"),
+            &[Name, Owner, Grant],
+            Reply::Done,
+        ),
+        recount: Stmt::new(
+            format!(
+                "UPDATE {t} SET shared_us = COALESCE((SELECT MAX(h.expires_us) FROM {h} AS h \
+                 WHERE h.name = ?1 AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), 0) WHERE name = ?1"
+            ),
+            &[Name],
+            Reply::Done,
+        ),
+        wait: Stmt::new(
+            format!(
+                "INSERT INTO {h} AS h (name, request, owner, kind, fence, expires_us) \
+                 VALUES (?1, ?2, ?3, '{WAITING}', 0, {NOW} + ?4 + {CLOCK_SLACK_US}) \
+                 ON CONFLICT (name, request) DO UPDATE SET expires_us = excluded.expires_us \
+                 WHERE h.kind = '{WAITING}'"
+            ),
+            &[Name, Grant, Owner, TtlUs],
+            Reply::Done,
+        ),
+        unwait: Stmt::new(
+            format!("DELETE FROM {h} WHERE name = ?1 AND request = ?2 AND kind = '{WAITING}'"),
+            &[Name, Grant],
+            Reply::Done,
+        ),
+        evict: Stmt::new(format!("DELETE FROM {h} WHERE name = ?1"), &[Name], Reply::Done),
+        // The statement holds the file's write lock from before it reads the hold's row
+        // until it commits, as the lease table's store does.
+        store_result: Stmt::new(
+            format!(
+                "INSERT INTO {r} AS r (name, token, value, expires_us) \
+                 SELECT name, fence, ?5, {NOW} + ?6 FROM {h} \
+                 WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND request = ?4 \
+                 AND kind <> '{WAITING}' AND expires_us > {NOW} \
+                 ON CONFLICT (name) DO UPDATE SET \
+                 token = excluded.token, value = excluded.value, expires_us = excluded.expires_us \
+                 WHERE r.token < excluded.token OR r.expires_us <= {NOW} \
+                 RETURNING token"
+            ),
+            &[Name, Owner, Fence, Grant, Value, RetentionUs],
+            Reply::Rows,
+        ),
+        notify: None,
     }
 }
 
