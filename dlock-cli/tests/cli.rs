@@ -279,7 +279,7 @@ mod redis {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
-        readers_and_permits(&server.url(), dir.path(), false);
+        readers_and_permits(&server.url(), dir.path(), true);
         elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }
@@ -329,7 +329,7 @@ mod sqlite {
         tempfail_when_held(&url(dir.path()), dir.path());
         lost_lease_stops_the_command(&url(dir.path()), dir.path());
         names_hold_every_lock(&url(dir.path()), dir.path());
-        readers_and_permits(&url(dir.path()), dir.path(), false);
+        readers_and_permits(&url(dir.path()), dir.path(), true);
         elect_runs_while_leading(&url(dir.path()), dir.path());
         once_runs_at_most_once(&url(dir.path()), dir.path());
     }
@@ -379,7 +379,7 @@ mod postgres {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
-        readers_and_permits(&server.url(), dir.path(), false);
+        readers_and_permits(&server.url(), dir.path(), true);
         elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }
@@ -403,7 +403,7 @@ mod mariadb {
         tempfail_when_held(&server.url(), dir.path());
         lost_lease_stops_the_command(&server.url(), dir.path());
         names_hold_every_lock(&server.url(), dir.path());
-        readers_and_permits(&server.url(), dir.path(), false);
+        readers_and_permits(&server.url(), dir.path(), true);
         elect_runs_while_leading(&server.url(), dir.path());
         once_runs_at_most_once(&server.url(), dir.path());
     }

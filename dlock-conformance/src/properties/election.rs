@@ -59,7 +59,15 @@ pub async fn election_one_leader_per_term_seen_in_order(f: &dyn Fixture) {
         .expect("a leader is elected after a resignation");
         assert!(next.term > term, "term {} after term {term}", next.term);
         term = next.term;
-        let at = waiting.iter().position(|w| w.is_finished()).expect("the observed leader's campaign returned");
+        // The observer may see the new leader before its campaign task has run to its end.
+        let deadline = Instant::now() + margin;
+        let at = loop {
+            if let Some(at) = waiting.iter().position(|w| w.is_finished()) {
+                break at;
+            }
+            assert!(Instant::now() < deadline, "the observed leader's campaign did not return");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
         let (value, leadership) = waiting.remove(at).await.expect("join");
         let leadership = leadership.expect("campaign");
         assert_eq!(next, Leader { value, term: leadership.term() }, "the observer saw another leader than elected");
