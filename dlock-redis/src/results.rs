@@ -49,13 +49,21 @@ end
 if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
   return 0
 end
-local stored = redis.call('hget', KEYS[2], 'token')
-if stored and not above(ARGV[2], stored) then
-  return -1
+return write_result(KEYS[2], ARGV[2], ARGV[5], ARGV[4], ARGV[6])
+"#;
+
+/// Writes a result record unless one of a higher token is kept (`-1`); `1` when
+/// written. Put in front of both store scripts, after their hold checks differ.
+const WRITE_RESULT_LIB: &str = r#"
+local function write_result(key, token, value, call, retention)
+  local stored = redis.call('hget', key, 'token')
+  if stored and not above(token, stored) then
+    return -1
+  end
+  redis.call('hset', key, 'token', token, 'value', value, 'call', call)
+  redis.call('pexpire', key, retention)
+  return 1
 end
-redis.call('hset', KEYS[2], 'token', ARGV[2], 'value', ARGV[5], 'call', ARGV[4])
-redis.call('pexpire', KEYS[2], ARGV[6])
-return 1
 "#;
 
 /// Stores a result as the store script does, for a reader's share or a permit: the hold
@@ -78,13 +86,7 @@ end
 if redis.call('hget', KEYS[1], 'request:' .. ARGV[3]) ~= ARGV[1] then
   return 0
 end
-local stored = redis.call('hget', KEYS[2], 'token')
-if stored and not above(ARGV[2], stored) then
-  return -1
-end
-redis.call('hset', KEYS[2], 'token', ARGV[2], 'value', ARGV[5], 'call', ARGV[4])
-redis.call('pexpire', KEYS[2], ARGV[6])
-return 1
+return write_result(KEYS[2], ARGV[2], ARGV[5], ARGV[4], ARGV[6])
 "#;
 
 /// Reads the stored result.
@@ -116,9 +118,9 @@ impl std::fmt::Debug for ResultScripts {
 }
 
 static SCRIPTS: LazyLock<ResultScripts> = LazyLock::new(|| ResultScripts {
-    store: Script::new(&format!("{ABOVE_LIB}{STORE}")),
+    store: Script::new(&format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE}")),
     load: Script::new(LOAD),
-    store_shared: Script::new(&format!("{ABOVE_LIB}{STORE_SHARED}")),
+    store_shared: Script::new(&format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE_SHARED}")),
 });
 
 /// The result scripts of this crate.

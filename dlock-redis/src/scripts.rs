@@ -78,6 +78,16 @@ local function leave_queue(queue, places, id)
   end
   return false
 end
+local function take_place(queue, places, id, now, ttl)
+  if redis.call('hset', places, id, string.format('%d', now + ttl)) == 1 then
+    redis.call('rpush', queue, id)
+  end
+  for _, key in ipairs({queue, places}) do
+    if redis.call('pttl', key) < ttl then
+      redis.call('pexpire', key, ttl)
+    end
+  end
+end
 local function wake(prefix, id)
   redis.call('publish', prefix .. (string.match(id, '^(.*):[^:]*$') or id), id)
 end
@@ -227,14 +237,7 @@ end
 local placed = 0
 if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2'
     or (ARGV[5] == '1' and (head or (held and redis.call('hexists', KEYS[1], 'kind') == 1))) then
-  if redis.call('hset', KEYS[5], ARGV[4], string.format('%d', now + ttl)) == 1 then
-    redis.call('rpush', KEYS[4], ARGV[4])
-  end
-  for _, key in ipairs({KEYS[4], KEYS[5]}) do
-    if redis.call('pttl', key) < ttl then
-      redis.call('pexpire', key, ttl)
-    end
-  end
+  take_place(KEYS[4], KEYS[5], ARGV[4], now, ttl)
   placed = 1
 end
 if held then
@@ -418,14 +421,7 @@ if admitted and (not head or head == ARGV[4]) then
 end
 local placed = 0
 if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2' or (ARGV[5] == '1' and head) then
-  if redis.call('hset', KEYS[5], ARGV[4], string.format('%d', now + ttl)) == 1 then
-    redis.call('rpush', KEYS[4], ARGV[4])
-  end
-  for _, key in ipairs({KEYS[4], KEYS[5]}) do
-    if redis.call('pttl', key) < ttl then
-      redis.call('pexpire', key, ttl)
-    end
-  end
+  take_place(KEYS[4], KEYS[5], ARGV[4], now, ttl)
   placed = 1
 end
 local wait = -1

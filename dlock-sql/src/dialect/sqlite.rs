@@ -96,10 +96,8 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
                  SELECT name, fence, ?5, {NOW} + ?6 FROM {t} \
                  WHERE name = ?1 AND owner = ?2 AND fence = ?3 \
                  AND instr(grants, ',' || ?4 || ',') > 0 AND expires_us > {NOW} \
-                 ON CONFLICT (name) DO UPDATE SET \
-                 token = excluded.token, value = excluded.value, expires_us = excluded.expires_us \
-                 WHERE r.token < excluded.token OR r.expires_us <= {NOW} \
-                 RETURNING token"
+                 {replace} RETURNING token",
+                replace = replace_older()
             ),
             &[Name, Owner, Fence, Grant, Value, RetentionUs],
             Reply::Rows,
@@ -216,10 +214,8 @@ fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
                  SELECT name, fence, ?5, {NOW} + ?6 FROM {h} \
                  WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND request = ?4 \
                  AND kind <> '{WAITING}' AND expires_us > {NOW} \
-                 ON CONFLICT (name) DO UPDATE SET \
-                 token = excluded.token, value = excluded.value, expires_us = excluded.expires_us \
-                 WHERE r.token < excluded.token OR r.expires_us <= {NOW} \
-                 RETURNING token"
+                 {replace} RETURNING token",
+                replace = replace_older()
             ),
             &[Name, Owner, Fence, Grant, Value, RetentionUs],
             Reply::Rows,
@@ -268,4 +264,13 @@ pub(super) fn result_sql(r: &str) -> ResultSql {
             Reply::Done,
         ),
     }
+}
+
+/// Replaces the name's stored result only when it is of a lower token or expired.
+fn replace_older() -> String {
+    format!(
+        "ON CONFLICT (name) DO UPDATE SET \
+         token = excluded.token, value = excluded.value, expires_us = excluded.expires_us \
+         WHERE r.token < excluded.token OR r.expires_us <= {NOW}"
+    )
 }
