@@ -248,7 +248,8 @@ async fn holder_on_a_partitioned_member_learns_first() {
         let (waiter, name, history) = (waiter.clone(), name.clone(), history.clone());
         tokio::spawn(async move {
             history.record(1, Op::Acquire, Phase::Invoke, None);
-            let lease = waiter.acquire(&name, &LockOptions::watchdog(ttl).wait(ttl + MARGIN * 2)).await;
+            // Generous: a loaded machine's members may change leaders, which renews leases.
+            let lease = waiter.acquire(&name, &LockOptions::watchdog(ttl).wait(ttl + MARGIN * 4)).await;
             if let Ok(lease) = &lease {
                 history.record(1, Op::Acquire, Phase::Ok, Some(lease.token()));
             }

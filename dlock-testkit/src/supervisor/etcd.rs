@@ -152,7 +152,7 @@ impl Server<Etcd> {
 pub struct EtcdCluster {
     members: Vec<EtcdMember>,
     gates: Vec<PeerGate>,
-    /// Each member's id as its peers name it, learnt at the first partition.
+    /// Each member's id as its peers name it, learnt at start.
     ids: Vec<String>,
     _dir: TempDir,
 }
@@ -164,7 +164,12 @@ impl EtcdCluster {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "a cluster needs at least one member"));
         }
         let (members, gates, dir) = start_members(size, config)?;
-        Ok(EtcdCluster { members, gates, ids: Vec::new(), _dir: dir })
+        let mut cluster = EtcdCluster { members, gates, ids: Vec::new(), _dir: dir };
+        // Learnt while every member is up and the machine is as calm as it will be.
+        if size > 1 {
+            cluster.member_ids()?;
+        }
+        Ok(cluster)
     }
 
     /// Cuts member `index` off from every other member, both ways: its peers refuse its
@@ -186,20 +191,15 @@ impl EtcdCluster {
         self.gates.iter().for_each(PeerGate::admit_all);
     }
 
-    /// The members' ids (in member order), read once from a member's peer listing.
+    /// The members' ids (in member order), as each reports its own on its metrics
+    /// listener (`etcd_server_id`), read once (at start; again only if that failed).
     fn member_ids(&mut self) -> io::Result<Vec<String>> {
         if self.ids.is_empty() {
-            // Straight to the members' peer listeners, and again for a while: a loaded
-            // machine may be slow to answer.
-            let targets: Vec<SocketAddr> = self.gates.iter().map(PeerGate::target).collect();
-            let listing = poll(Duration::from_secs(10), Duration::from_millis(100), || {
-                Ok(targets.iter().find_map(|&addr| http_get(addr, "/members").ok().filter(|r| r.contains("\"id\":"))))
-            })?
-            .ok_or_else(|| io::Error::other("no member answered /members within 10 s"))?;
             self.ids = (0..self.members.len())
                 .map(|i| {
-                    member_id(&listing, &format!("m{i}"))
-                        .ok_or_else(|| io::Error::other(format!("m{i} is not in the listing: {listing}")))
+                    let member = &self.members[i];
+                    poll(Duration::from_secs(10), Duration::from_millis(100), || Ok(own_id(&member.metrics()?)))?
+                        .ok_or_else(|| io::Error::other(format!("m{i} did not report its id within 10 s")))
                 })
                 .collect::<io::Result<_>>()?;
         }
@@ -278,14 +278,12 @@ struct Ports {
     health: u16,
 }
 
-/// The id of the member named `name` in a peer `/members` listing (a JSON array of
-/// objects with a numeric `"id"` and a `"name"`), in hex, as peers send it in
-/// `X-Server-From`.
-fn member_id(listing: &str, name: &str) -> Option<String> {
-    let quoted = format!("\"name\":\"{name}\"");
-    let member = listing.split("\"id\":").skip(1).find(|member| member.contains(&quoted))?;
-    let digits: String = member.chars().take_while(char::is_ascii_digit).collect();
-    Some(format!("{:x}", digits.parse::<u64>().ok()?))
+/// The member's own id, hex, from its metrics (`etcd_server_id{server_id="<hex>"} 1`),
+/// as peers send it in `X-Server-From`.
+fn own_id(metrics: &str) -> Option<String> {
+    let line = metrics.lines().find(|l| l.starts_with("etcd_server_id{"))?;
+    let id = line.split("server_id=\"").nth(1)?.split('"').next()?;
+    Some(id.to_string())
 }
 
 /// Starts `size` members, retrying the whole set on fresh ports when one fails to start

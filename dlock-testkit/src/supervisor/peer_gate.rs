@@ -25,7 +25,6 @@ const MAX_HEAD: usize = 16 * 1024;
 #[derive(Debug)]
 pub struct PeerGate {
     addr: SocketAddr,
-    target: SocketAddr,
     state: Arc<State>,
 }
 
@@ -58,17 +57,12 @@ impl PeerGate {
                 let _ = thread::Builder::new().name("peer-gate-conn".into()).spawn(move || serve(conn, target, &state));
             }
         })?;
-        Ok(PeerGate { addr, target, state })
+        Ok(PeerGate { addr, state })
     }
 
     /// The address peers should dial.
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-
-    /// The member's own peer listener, behind the gate.
-    pub fn target(&self) -> SocketAddr {
-        self.target
     }
 
     /// Refuses connections from the member `sender` (an etcd member id in hex), closing
