@@ -134,6 +134,14 @@ impl Session {
     }
 }
 
+/// PostgreSQL's one-key advisory lock that a grant of row `id` (an SQL expression) holds
+/// until it commits, and that [`AdvisoryBackend::lookup`] takes shared. One-key locks
+/// never meet the two-key locks that are held as the locks themselves.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn record_key(classid: i32, id: &str) -> String {
+    format!("(({classid}::int8 << 32) | ({id})::int8)")
+}
+
 /// FNV-1a of the table name, as a positive 31-bit key.
 fn classid(table: &str) -> i32 {
     let mut hash: u32 = 0x811c_9dc5;
@@ -251,25 +259,46 @@ impl AdvisoryBackend {
     }
 
     /// The row of `name`: owner, fence, and the server session holding the lock (if any).
+    ///
+    /// The server shows a lock as taken while the statement that took it has not yet
+    /// committed the row's new fence, so a plain read could pair the new holder's session
+    /// with the previous holder's row. The read is therefore ordered after any grant of
+    /// the name in flight: on PostgreSQL it first takes, in its own transaction, the
+    /// name's record key in shared mode (every grant holds it exclusively until it
+    /// commits) and then reads with a fresh snapshot; on MySQL it is a locking read of the
+    /// row, which every grant holds locked from before it takes the lock until it commits.
     async fn lookup(&self, name: &LockName) -> Result<(Option<String>, i64, Option<i64>), LockError> {
         let pool = self.shared.conn.pool().await?;
         let found: Option<(Option<String>, i64, Option<i64>)> = match &pool {
             #[cfg(feature = "postgres")]
             Pool::Postgres(pg) => {
                 let (table, classid) = (&self.shared.table, self.shared.classid);
-                let sql = format!(
+                let record = format!(
+                    "SELECT pg_advisory_xact_lock_shared({}) FROM {table} WHERE name = $1",
+                    record_key(classid, "id")
+                );
+                let read = format!(
                     "SELECT a.owner, a.fence, l.pid::int8 FROM {table} a LEFT JOIN pg_locks l \
                      ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
                      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                      AND l.classid = {classid}::oid AND l.objid = a.id::oid WHERE a.name = $1"
                 );
-                sqlx::query_as(AssertSqlSafe(sql)).bind(name.as_str()).fetch_optional(pg).await
+                async {
+                    let mut tx = pg.begin().await?;
+                    sqlx::query(AssertSqlSafe(record)).bind(name.as_str()).execute(&mut *tx).await?;
+                    let found =
+                        sqlx::query_as(AssertSqlSafe(read)).bind(name.as_str()).fetch_optional(&mut *tx).await?;
+                    tx.commit().await?;
+                    Ok(found)
+                }
+                .await
             }
             #[cfg(feature = "mysql")]
             Pool::MySql(my) => {
                 let table = &self.shared.table;
                 let sql = format!(
-                    "SELECT CAST(owner AS CHAR), fence, IS_USED_LOCK(CONCAT('{table}:', id)) FROM {table} WHERE name = ?"
+                    "SELECT CAST(owner AS CHAR), fence, IS_USED_LOCK(CONCAT('{table}:', id)) FROM {table} \
+                     WHERE name = ? LOCK IN SHARE MODE"
                 );
                 sqlx::query_as::<_, (Option<String>, i64, Option<i64>)>(AssertSqlSafe(sql))
                     .bind(name.as_str())
@@ -407,33 +436,36 @@ impl AdvisoryBackend {
         Ok(())
     }
 
-    /// Tries the lock on `session`; the fence when granted.
+    /// Tries the lock on `session`; the fence when granted. One statement, which holds
+    /// what [`lookup`](Self::lookup) waits for from before it takes the lock until it has
+    /// committed the new fence: inspecting never pairs the new holder with the old fence.
     async fn try_lock(&self, conn: &mut SessionConn, id: i32, owner: &str) -> Result<Option<i64>, sqlx::Error> {
         match conn {
             #[cfg(feature = "postgres")]
             SessionConn::Postgres(c) => {
                 let (table, classid) = (&self.shared.table, self.shared.classid);
                 // The sub-select runs once, before the row is written: the fence rises only
-                // under the lock.
+                // under the lock. Its inner select takes the record key first.
                 let sql = format!(
-                    "UPDATE {table} SET fence = fence + 1, owner = $3 \
-                     WHERE id = $2 AND (SELECT pg_try_advisory_lock($1, $2)) RETURNING fence"
+                    "UPDATE {table} SET fence = fence + 1, owner = $3 WHERE id = $2 AND \
+                     (SELECT pg_try_advisory_lock($1, $2) FROM (SELECT pg_advisory_xact_lock({})) AS recorded) \
+                     RETURNING fence",
+                    record_key(classid, "$2")
                 );
                 sqlx::query_scalar(AssertSqlSafe(sql)).bind(classid).bind(id).bind(owner).fetch_optional(&mut *c).await
             }
             #[cfg(feature = "mysql")]
             SessionConn::MySql(c) => {
                 let table = &self.shared.table;
-                let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-                    .bind(format!("{table}:{id}"))
-                    .fetch_one(&mut *c)
-                    .await?;
-                if got != Some(1) {
-                    return Ok(None);
-                }
-                let sql = format!("UPDATE {table} SET fence = LAST_INSERT_ID(fence + 1), owner = ? WHERE id = ?");
+                // InnoDB locks the row before it judges the condition. The lock name reads
+                // `fence`, which no index holds, so the condition cannot be pushed down to
+                // the index and judged before the row is locked.
+                let sql = format!(
+                    "UPDATE {table} SET fence = LAST_INSERT_ID(fence + 1), owner = ? \
+                     WHERE id = ? AND GET_LOCK(CONCAT('{table}:', id + 0 * fence), 0) = 1"
+                );
                 let done = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(id).execute(&mut *c).await?;
-                Ok(Some(done.last_insert_id() as i64))
+                Ok((done.rows_affected() > 0).then(|| done.last_insert_id() as i64))
             }
         }
     }

@@ -37,6 +37,41 @@ pub async fn acquire_release(f: &dyn Fixture) {
     again.release().await.expect("release");
 }
 
+/// A third client inspecting while the lock is handed from one client to another never
+/// sees a holder whose release has returned, and sees the new holder once its acquire
+/// has returned. A grant made in two steps (the lock, then the record of its token) must
+/// not show the old record beside the new lock.
+pub async fn inspect_follows_hand_offs(f: &dyn Fixture) {
+    let margin = f.timing().margin;
+    let clients = [f.client().await, f.client().await];
+    let probe = f.client().await;
+    let name = unique_name("inspect-hand-off");
+    let mut holder = clients[0].acquire(&name, &watchdog(f, margin)).await.expect("acquire");
+    for round in 0..20 {
+        let next = clients[(round + 1) % 2].clone();
+        let waiting = tokio::spawn({
+            let (next, name, opts) = (next.clone(), name.clone(), watchdog(f, margin * 2));
+            async move { next.acquire(&name, &opts).await }
+        });
+        eventually("the next holder waits", margin, || {
+            let next = next.clone();
+            async move { next.stats().waiting > 0 }
+        })
+        .await;
+        let released = holder.token();
+        holder.release().await.expect("release");
+        while !waiting.is_finished() {
+            if let Some(seen) = probe.inspect(&name).await.expect("inspect").holder {
+                assert_ne!(seen.token, released, "round {round}: inspect shows a holder whose release has returned");
+            }
+        }
+        holder = waiting.await.expect("join").expect("the waiter is granted");
+        let seen = probe.inspect(&name).await.expect("inspect").holder;
+        assert_eq!(seen.map(|h| h.token), Some(holder.token()), "round {round}: inspect after the grant returned");
+    }
+    holder.release().await.expect("release");
+}
+
 /// `try_acquire` on a held lock returns `None` at once, whatever the wait bound says.
 pub async fn try_acquire_returns_at_once(f: &dyn Fixture) {
     let margin = f.timing().margin;

@@ -110,6 +110,7 @@ macro_rules! for_each_case {
     ($callback:ident { $($pre:tt)* }) => {
         $crate::$callback! { { $($pre)* }
             acquire_release: Clients,
+            inspect_follows_hand_offs: Clients,
             mutual_exclusion: Clients,
             try_acquire_returns_at_once: Clients,
             wait_bound_times_out: Clients,
