@@ -102,7 +102,7 @@ pub async fn campaign<L: Locker + ?Sized>(
 
 /// Watches who leads `name`; see [`Observer`].
 pub fn observe<'a, L: Locker + ?Sized>(locker: &'a L, name: &LockName) -> Observer<'a, L> {
-    Observer { locker, name: name.clone(), every: DEFAULT_OBSERVE_EVERY, last: None }
+    Observer { locker, name: name.clone(), every: DEFAULT_OBSERVE_EVERY, last: None, highest: None }
 }
 
 /// Reports changes of leadership of one election, in term order.
@@ -118,6 +118,8 @@ pub struct Observer<'a, L: Locker + ?Sized> {
     every: Duration,
     /// What was reported last: `None` before the first report.
     last: Option<Option<Leader>>,
+    /// The highest term reported so far: a look showing a lower one is out of date.
+    highest: Option<FencingToken>,
 }
 
 impl<'a, L: Locker + ?Sized> Observer<'a, L> {
@@ -159,11 +161,11 @@ impl<'a, L: Locker + ?Sized> Observer<'a, L> {
     pub async fn changed(&mut self) -> Result<Option<Leader>, LockError> {
         loop {
             if let Some(now) = self.look().await? {
-                let older = match (&now, self.last.as_ref().and_then(Option::as_ref)) {
-                    (Some(now), Some(last)) => now.term < last.term,
-                    _ => false,
-                };
+                let older = matches!((&now, self.highest), (Some(now), Some(highest)) if now.term < highest);
                 if self.last.as_ref() != Some(&now) && !older {
+                    if let Some(leader) = &now {
+                        self.highest = Some(leader.term);
+                    }
                     self.last = Some(now.clone());
                     return Ok(now);
                 }
@@ -180,5 +182,73 @@ impl<'a, L: Locker + ?Sized> Observer<'a, L> {
             let more = next.is_ok().then_some(observer);
             Some((next, more))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::backend::lock_unpoisoned;
+    use crate::info::{Capabilities, Holder, LockInfo};
+    use crate::name::OwnerId;
+    use crate::stats::ClientStats;
+    use crate::stored::StoredResult;
+
+    /// Answers each look (an inspect, then a load) with the next scripted term, `None`
+    /// meaning nobody holds; acquiring is not needed by an observer.
+    struct Looks(Mutex<VecDeque<Option<u64>>>, Mutex<Option<u64>>);
+
+    #[async_trait]
+    impl Locker for Looks {
+        async fn acquire(&self, _: &LockName, _: &LockOptions) -> Result<Lease, LockError> {
+            Err(LockError::Unsupported("scripted".into()))
+        }
+        async fn try_acquire(&self, _: &LockName, _: &LockOptions) -> Result<Option<Lease>, LockError> {
+            Err(LockError::Unsupported("scripted".into()))
+        }
+        async fn inspect(&self, _: &LockName) -> Result<LockInfo, LockError> {
+            let term = lock_unpoisoned(&self.0).pop_front().unwrap_or(None);
+            *lock_unpoisoned(&self.1) = term;
+            let holder = term.map(|t| Holder {
+                owner: OwnerId::new(format!("o{t}")).expect("owner"),
+                token: FencingToken::new(t),
+                count: 1,
+                remaining: None,
+            });
+            Ok(LockInfo { holder, waiters: None })
+        }
+        async fn load_result(&self, _: &LockName) -> Result<Option<StoredResult>, LockError> {
+            let term = *lock_unpoisoned(&self.1);
+            Ok(term.map(|t| StoredResult { token: FencingToken::new(t), value: vec![t as u8] }))
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::ALL
+        }
+        fn backend_name(&self) -> &'static str {
+            "scripted"
+        }
+        fn stats(&self) -> ClientStats {
+            ClientStats::default()
+        }
+    }
+
+    /// A look that shows an ended term again, even after a look that found nobody, is
+    /// out of date and is not reported: terms reported only increase.
+    #[tokio::test(start_paused = true)]
+    async fn a_term_lower_than_one_reported_is_never_reported_again() {
+        let script = [Some(1), Some(2), None, Some(1), Some(2), Some(3), None];
+        let looks = Looks(Mutex::new(script.into_iter().collect()), Mutex::new(None));
+        let name = LockName::new("elect").expect("name");
+        let mut observer = observe(&looks, &name).every(Duration::from_millis(1));
+        let mut reported = Vec::new();
+        for _ in 0..5 {
+            reported.push(observer.changed().await.expect("observe").map(|l| l.term.get()));
+        }
+        assert_eq!(reported, [Some(1), Some(2), None, Some(2), Some(3)]);
     }
 }
