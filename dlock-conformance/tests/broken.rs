@@ -12,7 +12,7 @@ use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, FullFixture, Resta
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::memory::{MemoryBackend, MemoryHold, MemoryStore, MemoryTicket};
 use dlock_core::{
-    Capabilities, Client, ClientConfig, FencingToken, LockError, LockInfo, LockName, Locker, StoredResult,
+    Capabilities, Client, ClientConfig, FencingToken, HoldKind, LockError, LockInfo, LockName, Locker, StoredResult,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,10 @@ enum Flaw {
     NoGiveBack,
     /// Stores a run's result without checking that its hold is still the live one.
     StoreSkipsHoldCheck,
+    /// Admits one permit more than the request's number.
+    OnePermitTooMany,
+    /// Grants permits one holder at a time, as if they were a mutex.
+    PermitsExclude,
 }
 
 struct Broken {
@@ -67,6 +71,15 @@ impl Backend for Broken {
         if self.flaw == Flaw::NoExclusion {
             self.store.evict(&req.name);
         }
+        let mut req = req.clone();
+        if let HoldKind::Permit { permits } = req.kind {
+            match self.flaw {
+                Flaw::OnePermitTooMany => req.kind = HoldKind::Permit { permits: permits + 1 },
+                Flaw::PermitsExclude => req.kind = HoldKind::Permit { permits: 1 },
+                _ => {}
+            }
+        }
+        let req = &req;
         Ok(match self.inner.attempt(req, ticket).await? {
             Attempt::Granted { hold, token } => {
                 let token = if self.flaw == Flaw::ConstantToken { FencingToken::new(1) } else { token };
@@ -255,4 +268,14 @@ async fn catches_a_result_stored_without_the_hold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catches_orphan_grants_of_lost_replies() {
     assert_caught(Flaw::NoGiveBack, "acquire_whose_reply_was_lost_leaves_no_hold").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_a_permit_too_many() {
+    assert_caught(Flaw::OnePermitTooMany, "semaphore_admits_at_most_n").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_permits_that_exclude_each_other() {
+    assert_caught(Flaw::PermitsExclude, "semaphore_admits_at_most_n").await;
 }

@@ -29,6 +29,50 @@ async fn grants(locker: &dyn Locker, name: &LockName, kind: HoldKind) -> bool {
     claimed
 }
 
+/// How many hold at once, and the most that ever did.
+#[derive(Debug)]
+struct Gauge {
+    now: tokio::sync::watch::Sender<usize>,
+    most: AtomicUsize,
+}
+
+impl Gauge {
+    fn new() -> Arc<Self> {
+        Arc::new(Gauge { now: tokio::sync::watch::channel(0).0, most: AtomicUsize::new(0) })
+    }
+
+    /// Counts one more holder; returns how many hold now.
+    fn enter(&self) -> usize {
+        let mut now = 0;
+        self.now.send_modify(|n| {
+            *n += 1;
+            now = *n;
+        });
+        self.most.fetch_max(now, Ordering::SeqCst);
+        now
+    }
+
+    fn leave(&self) {
+        self.now.send_modify(|n| *n -= 1);
+    }
+
+    fn current(&self) -> usize {
+        *self.now.borrow()
+    }
+
+    fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+
+    /// Waits, at most `bound`, until another holder holds too. A hold that lingers so
+    /// gives the others a chance to join it however slow each grant is on a loaded
+    /// machine, so that a backend that admits several is seen admitting several.
+    async fn company(&self, bound: Duration) {
+        let mut seen = self.now.subscribe();
+        let _ = tokio::time::timeout(bound, seen.wait_for(|n| *n > 1)).await;
+    }
+}
+
 fn read(f: &dyn Fixture, wait: Duration) -> LockOptions {
     watchdog(f, wait).read()
 }
@@ -130,18 +174,12 @@ pub async fn rwlock_writers_never_hold_beside_anyone(f: &dyn Fixture) {
     if !grants(&*probe, &name, HoldKind::Shared).await {
         return;
     }
-    #[derive(Default)]
-    struct Seen {
-        readers: AtomicUsize,
-        writers: AtomicUsize,
-        most_readers: AtomicUsize,
-        writes: AtomicUsize,
-    }
-    let seen = Arc::new(Seen::default());
+    let (readers, writers, writes) = (Gauge::new(), Gauge::new(), Arc::new(AtomicUsize::new(0)));
     let until = Instant::now() + Duration::from_millis(1500);
     let mut tasks = Vec::new();
     for i in 0..6 {
-        let (client, name, seen) = (f.client().await, name.clone(), seen.clone());
+        let (client, name) = (f.client().await, name.clone());
+        let (readers, writers, writes) = (readers.clone(), writers.clone(), writes.clone());
         let (rd, wr) = (read(f, Duration::from_secs(30)), write(f, Duration::from_secs(30)));
         tasks.push(tokio::spawn(async move {
             let mut round = 0usize;
@@ -150,19 +188,20 @@ pub async fn rwlock_writers_never_hold_beside_anyone(f: &dyn Fixture) {
                 // Two of the six clients write every third round; the rest read.
                 if i < 2 && round.is_multiple_of(3) {
                     let lease = client.acquire(&name, &wr).await.expect("write");
-                    assert_eq!(seen.writers.fetch_add(1, Ordering::SeqCst), 0, "two writers held together");
-                    assert_eq!(seen.readers.load(Ordering::SeqCst), 0, "a writer held beside a reader");
+                    assert_eq!(writers.enter(), 1, "two writers held together");
+                    assert_eq!(readers.current(), 0, "a writer held beside a reader");
                     tokio::time::sleep(Duration::from_millis(2)).await;
-                    seen.writers.fetch_sub(1, Ordering::SeqCst);
-                    seen.writes.fetch_add(1, Ordering::SeqCst);
+                    writers.leave();
+                    writes.fetch_add(1, Ordering::SeqCst);
                     lease.release().await.expect("release");
                 } else {
                     let lease = client.acquire(&name, &rd).await.expect("read");
-                    let now = seen.readers.fetch_add(1, Ordering::SeqCst) + 1;
-                    seen.most_readers.fetch_max(now, Ordering::SeqCst);
-                    assert_eq!(seen.writers.load(Ordering::SeqCst), 0, "a reader held beside a writer");
+                    readers.enter();
+                    assert_eq!(writers.current(), 0, "a reader held beside a writer");
+                    readers.company(Duration::from_millis(50)).await;
                     tokio::time::sleep(Duration::from_millis(3)).await;
-                    seen.readers.fetch_sub(1, Ordering::SeqCst);
+                    assert_eq!(writers.current(), 0, "a reader held beside a writer");
+                    readers.leave();
                     lease.release().await.expect("release");
                 }
             }
@@ -171,8 +210,8 @@ pub async fn rwlock_writers_never_hold_beside_anyone(f: &dyn Fixture) {
     for task in tasks {
         task.await.expect("a client broke the read-write rule");
     }
-    assert!(seen.writes.load(Ordering::SeqCst) > 0, "no writer got in: readers starved the writers");
-    assert!(seen.most_readers.load(Ordering::SeqCst) > 1, "readers never held together");
+    assert!(writes.load(Ordering::SeqCst) > 0, "no writer got in: readers starved the writers");
+    assert!(readers.most() > 1, "readers never held together");
 }
 
 /// At most N permits are out at once; with N out, one more waits until one comes back.
@@ -213,19 +252,19 @@ pub async fn semaphore_admits_at_most_n(f: &dyn Fixture) {
     fourth.release().await.expect("release");
 
     // Many clients competing never have more than N out at once.
-    let (out, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let out = Gauge::new();
     let until = Instant::now() + Duration::from_millis(1500);
     let mut tasks = Vec::new();
     for client in [clients.clone(), clients.clone()].concat() {
-        let (name, opts, out, most) = (name.clone(), three(Duration::from_secs(30)), out.clone(), most.clone());
+        let (name, opts, out) = (name.clone(), three(Duration::from_secs(30)), out.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < until {
                 let lease = client.acquire(&name, &opts).await.expect("permit");
-                let now = out.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
+                let now = out.enter();
                 assert!(now <= 3, "{now} permits of three out at once");
+                out.company(Duration::from_millis(50)).await;
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                out.fetch_sub(1, Ordering::SeqCst);
+                out.leave();
                 lease.release().await.expect("release");
             }
         }));
@@ -233,7 +272,7 @@ pub async fn semaphore_admits_at_most_n(f: &dyn Fixture) {
     for task in tasks {
         task.await.expect("more than N permits were out");
     }
-    assert!(most.load(Ordering::SeqCst) > 1, "permits were never out together");
+    assert!(out.most() > 1, "permits were never out together");
 }
 
 /// The number of permits travels with each request: a request for fewer permits than
