@@ -14,9 +14,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use dlock_conformance::Fault;
 use tempfile::TempDir;
 
 use super::{free_port, program, retry, CommandSpec, Kind, Node, Server, ServerProcess};
+use crate::proxy::FaultProxy;
 
 /// The jar of the ZooKeeper server (its manifest names the other jars it needs).
 const SERVER_JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -218,40 +220,151 @@ impl Server<ZooKeeper> {
 }
 
 /// An ensemble of ZooKeeper servers on loopback, each with its own data directory.
+///
+/// Started with [`start_linked`](Self::start_linked), each member reaches each other one
+/// through fault proxies of its own (one for the quorum port, one for the election port),
+/// so that a test can cut, black-hole or delay the links between two members, or
+/// partition one member from the rest, while clients still reach every member.
 pub struct ZooKeeperEnsemble {
     members: Vec<Node<ZooKeeper>>,
+    /// `links[i][j]`: member `i`'s connections to member `j` (none from a member to
+    /// itself, and none at all in an ensemble started without links).
+    links: Vec<Vec<Option<PeerLink>>>,
     _dir: TempDir,
+}
+
+/// The proxies one member's quorum and election connections to another go through.
+#[derive(Debug)]
+struct PeerLink {
+    quorum: FaultProxy,
+    election: FaultProxy,
+}
+
+impl PeerLink {
+    fn set(&self, fault: Fault) {
+        self.quorum.set_fault(fault);
+        self.election.set_fault(fault);
+    }
+}
+
+/// A member's client, quorum and election ports.
+#[derive(Debug, Clone, Copy)]
+struct MemberPorts {
+    client: u16,
+    quorum: u16,
+    election: u16,
+}
+
+fn member_ports(size: usize) -> io::Result<Vec<MemberPorts>> {
+    (0..size).map(|_| Ok(MemberPorts { client: free_port()?, quorum: free_port()?, election: free_port()? })).collect()
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 impl ZooKeeperEnsemble {
     /// Starts an ensemble of `size` members and waits until every member serves (one
     /// leader, the others followers). Retries on fresh ports when a port was taken.
     pub fn start(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
-        retry(3, || Self::try_start(size, config))
+        retry(3, || {
+            let ports = member_ports(size)?;
+            let quorum = quorum_lines(&ports, |j| (ports[j].quorum, ports[j].election));
+            Self::launch(&ports, |_| quorum.clone(), Vec::new(), config)
+        })
     }
 
-    fn try_start(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
-        let dir = tempfile::Builder::new().prefix("dlock-zk-ensemble-").tempdir()?;
-        let mut ports = Vec::new();
-        for _ in 0..size {
-            ports.push((free_port()?, free_port()?, free_port()?));
+    /// Starts an ensemble of `size` members whose links to each other go through fault
+    /// proxies (see [`fault_between`](Self::fault_between) and
+    /// [`isolate`](Self::isolate)), and waits until every member serves. Must run on a
+    /// multi-threaded tokio runtime: the proxies run on it while the members start.
+    pub async fn start_linked(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::try_start_linked(size, config).await {
+                Err(err) if tries < 3 => tracing::warn!("starting a linked ensemble failed, trying again: {err}"),
+                done => return done,
+            }
         }
-        let quorum: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, peer, election))| format!("server.{}=127.0.0.1:{peer}:{election}", i + 1))
-            .collect();
+    }
+
+    async fn try_start_linked(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
+        let ports = member_ports(size)?;
+        let mut links = Vec::with_capacity(size);
+        for i in 0..size {
+            let mut row = Vec::with_capacity(size);
+            for (j, to) in ports.iter().enumerate() {
+                row.push(if i == j {
+                    None
+                } else {
+                    Some(PeerLink {
+                        quorum: FaultProxy::start(loopback(to.quorum)).await?,
+                        election: FaultProxy::start(loopback(to.election)).await?,
+                    })
+                });
+            }
+            links.push(row);
+        }
+        let quorum_of = |i: usize| {
+            quorum_lines(&ports, |j| match &links[i][j] {
+                Some(link) => (link.quorum.addr().port(), link.election.addr().port()),
+                None => (ports[j].quorum, ports[j].election),
+            })
+        };
+        let quorums: Vec<Vec<String>> = (0..size).map(quorum_of).collect();
+        tokio::task::block_in_place(|| Self::launch(&ports, |i| quorums[i].clone(), links, config))
+    }
+
+    /// Spawns every member (member `i` with the `server.N` lines `quorum(i)`), then waits
+    /// until each serves.
+    fn launch(
+        ports: &[MemberPorts],
+        quorum: impl Fn(usize) -> Vec<String>,
+        links: Vec<Vec<Option<PeerLink>>>,
+        config: &ZooKeeperConfig,
+    ) -> io::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("dlock-zk-ensemble-").tempdir()?;
         let mut members = Vec::new();
-        for (i, (client, _, _)) in ports.iter().enumerate() {
+        for (i, port) in ports.iter().enumerate() {
             let id = (i + 1) as u32;
-            let files = write_member_files(dir.path(), id, *client, config, &quorum)?;
-            let process = spawn_member(format!("zookeeper-{id}:{client}"), &files, config)?;
-            members.push(Node::new(ZooKeeper, process, SocketAddr::from(([127, 0, 0, 1], *client))));
+            let files = write_member_files(dir.path(), id, port.client, config, &quorum(i))?;
+            let process = spawn_member(format!("zookeeper-{id}:{}", port.client), &files, config)?;
+            members.push(Node::new(ZooKeeper, process, loopback(port.client)));
         }
         for member in &mut members {
             member.wait_ready()?;
         }
-        Ok(ZooKeeperEnsemble { members, _dir: dir })
+        Ok(ZooKeeperEnsemble { members, links, _dir: dir })
+    }
+
+    /// Plays `fault` on every link between members `a` and `b`, both ways. An ensemble
+    /// started without links refuses.
+    pub fn fault_between(&self, a: usize, b: usize, fault: Fault) -> io::Result<()> {
+        for (from, to) in [(a, b), (b, a)] {
+            match self.links.get(from).and_then(|row| row.get(to)) {
+                Some(Some(link)) => link.set(fault),
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!("no link from member {from} to member {to}: start the ensemble with start_linked"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Plays `fault` on every link between member `i` and the others: with a black hole,
+    /// the member keeps its connections open and hears nothing, as when the network
+    /// between hosts fails. Its clients still reach it.
+    pub fn isolate(&self, i: usize, fault: Fault) -> io::Result<()> {
+        (0..self.members.len()).filter(|&j| j != i).try_for_each(|j| self.fault_between(i, j, fault))
+    }
+
+    /// Lets every member reach every other again.
+    pub fn heal(&self) {
+        self.links.iter().flatten().flatten().for_each(|link| link.set(Fault::None));
     }
 
     /// The number of members.
@@ -303,6 +416,17 @@ impl ZooKeeperEnsemble {
     pub fn monitor(&self, i: usize) -> io::Result<HashMap<String, String>> {
         monitor(self.members[i].addr())
     }
+}
+
+/// The `server.N=host:quorum:election` lines of an ensemble, member `j` reached at the
+/// ports `reach(j)`.
+fn quorum_lines(ports: &[MemberPorts], reach: impl Fn(usize) -> (u16, u16)) -> Vec<String> {
+    (0..ports.len())
+        .map(|j| {
+            let (quorum, election) = reach(j);
+            format!("server.{}=127.0.0.1:{quorum}:{election}", j + 1)
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for ZooKeeperEnsemble {
