@@ -6,9 +6,12 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use dlock_conformance::Fault;
+
 use super::{
     free_port, poll, program, retry, start_on_free_port, succeeded, wait_for_port, Kind, Server, ServerProcess,
 };
+use crate::proxy::FaultProxy;
 
 const BIN_DIRS: &[&str] = &["/usr/bin", "/usr/local/bin"];
 
@@ -44,8 +47,13 @@ pub type RedisServer = Server<Redis>;
 impl Server<Redis> {
     /// Starts a redis-server on a free port.
     pub fn start(config: &RedisConfig) -> io::Result<Self> {
+        start_on_free_port(|port| Self::start_at(port, config))
+    }
+
+    /// Starts a redis-server on `port`, which must be free.
+    pub fn start_at(port: u16, config: &RedisConfig) -> io::Result<Self> {
         let program = program("redis-server", BIN_DIRS)?;
-        start_on_free_port(|port| {
+        {
             let dir = tempfile::Builder::new().prefix("dlock-redis-").tempdir()?;
             let mut args = vec![
                 "--port".to_string(),
@@ -66,7 +74,7 @@ impl Server<Redis> {
             }
             args.extend(config.extra_args.iter().cloned());
             Server::spawn(Redis, "redis-server", &program, args, port, dir)
-        })
+        }
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -84,18 +92,11 @@ impl Server<Redis> {
     /// the master, so that the replication link can fail), and waits until the master
     /// counts it among its connected replicas.
     pub fn start_replica_via(master: &RedisServer, link: SocketAddr, config: &RedisConfig) -> io::Result<Self> {
-        // The master waits 5 s by default for more replicas before a diskless full sync.
         cli(master.addr(), &["CONFIG", "SET", "repl-diskless-sync-delay", "0"])?;
         let mut config = config.clone();
         config.extra_args.extend(["--replicaof".into(), link.ip().to_string(), link.port().to_string()]);
         let replica = RedisServer::start(&config)?;
-        // Connected is not enough: for a moment after the initial sync the replica does
-        // not acknowledge writes yet. Wait until it acknowledges one.
-        wait_until(Duration::from_secs(20), "the replica acknowledges writes", || {
-            let out = cli_stdin(master.addr(), "SET dlock-supervisor:replica-probe 1\nWAIT 1 100\n")?;
-            Ok(out.lines().nth(1).is_some_and(|acked| acked.trim() == "1"))
-        })?;
-        cli(master.addr(), &["DEL", "dlock-supervisor:replica-probe"])?;
+        wait_for_acknowledgement(master.addr())?;
         Ok(replica)
     }
 
@@ -103,6 +104,18 @@ impl Server<Redis> {
     pub fn cli(&self, args: &[&str]) -> io::Result<String> {
         cli(self.addr(), args)
     }
+}
+
+/// Waits until a replica of the master at `master` acknowledges a write. Connected is not
+/// enough: for a moment after the initial sync a replica does not acknowledge writes yet.
+fn wait_for_acknowledgement(master: SocketAddr) -> io::Result<()> {
+    // The master waits 5 s by default for more replicas before a diskless full sync.
+    cli(master, &["CONFIG", "SET", "repl-diskless-sync-delay", "0"])?;
+    wait_until(Duration::from_secs(20), "the replica acknowledges writes", || {
+        let out = cli_stdin(master, "SET dlock-supervisor:replica-probe 1\nWAIT 1 100\n")?;
+        Ok(out.lines().nth(1).is_some_and(|acked| acked.trim() == "1"))
+    })?;
+    cli(master, &["DEL", "dlock-supervisor:replica-probe"]).map(drop)
 }
 
 /// Runs `redis-cli -h 127.0.0.1 -p <port> <args>`, failing on a non-zero exit.
@@ -295,6 +308,12 @@ impl Server<Sentinel> {
     /// one and short timeouts (a master is down after 1 s without answers), and waits
     /// until it answers for the master.
     pub fn start(master: SocketAddr, name: &str) -> io::Result<Self> {
+        Self::start_with_quorum(master, name, 1)
+    }
+
+    /// Starts a Sentinel as [`start`](Self::start) does, one of a group in which
+    /// `quorum` Sentinels must agree that the master is down.
+    pub fn start_with_quorum(master: SocketAddr, name: &str, quorum: usize) -> io::Result<Self> {
         let program = program("redis-server", BIN_DIRS)?;
         start_on_free_port(|port| {
             let dir = tempfile::Builder::new().prefix("dlock-sentinel-").tempdir()?;
@@ -303,7 +322,7 @@ impl Server<Sentinel> {
                 &conf,
                 format!(
                     "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
-                     sentinel monitor {name} {ip} {master_port} 1\n\
+                     sentinel monitor {name} {ip} {master_port} {quorum}\n\
                      sentinel down-after-milliseconds {name} 1000\n\
                      sentinel failover-timeout {name} 5000\n\
                      sentinel parallel-syncs {name} 1\n",
@@ -355,5 +374,103 @@ impl Server<Sentinel> {
             Ok(new != old)
         })?;
         Ok(new)
+    }
+}
+
+/// A master and one replica watched by three Sentinels (two must agree that the master is
+/// down), as a small production group runs. Each of the two servers is reached by
+/// everyone (its replica, the Sentinels, clients) through a fault proxy in front of it,
+/// and announces itself at that proxy, so that [`isolate`](Self::isolate) partitions a
+/// server from the whole group whichever role it has by then.
+#[derive(Debug)]
+pub struct SentinelGroup {
+    servers: Vec<RedisServer>,
+    fronts: Vec<FaultProxy>,
+    sentinels: Vec<RedisSentinel>,
+    name: String,
+}
+
+impl SentinelGroup {
+    /// Starts the group (server 0 the first master, server 1 its replica) with the
+    /// monitored name `name`, and waits until every Sentinel knows the replica. Must run
+    /// on a multi-threaded tokio runtime: the proxies run on it.
+    pub async fn start(config: &RedisConfig, name: &str) -> io::Result<Self> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::try_start(config, name).await {
+                Err(err) if tries < 3 => tracing::warn!("starting a Sentinel group failed, trying again: {err}"),
+                done => return done,
+            }
+        }
+    }
+
+    async fn try_start(config: &RedisConfig, name: &str) -> io::Result<Self> {
+        let mut ports = Vec::new();
+        let mut fronts = Vec::new();
+        for _ in 0..2 {
+            let port = free_port()?;
+            fronts.push(FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port))).await?);
+            ports.push(port);
+        }
+        let front_ports: Vec<String> = fronts.iter().map(|f| f.addr().port().to_string()).collect();
+        let announce = |i: usize| {
+            let mut config = config.clone();
+            let front = &front_ports[i];
+            config
+                .extra_args
+                .extend(["--replica-announce-ip", "127.0.0.1", "--replica-announce-port", front].map(String::from));
+            config
+        };
+        let master_front = fronts[0].addr();
+        tokio::task::block_in_place(|| {
+            let master = RedisServer::start_at(ports[0], &announce(0))?;
+            let mut replica_config = announce(1);
+            replica_config.extra_args.extend([
+                "--replicaof".into(),
+                master_front.ip().to_string(),
+                master_front.port().to_string(),
+            ]);
+            let replica = RedisServer::start_at(ports[1], &replica_config)?;
+            wait_for_acknowledgement(master.addr())?;
+            let sentinels = (0..3)
+                .map(|_| RedisSentinel::start_with_quorum(master_front, name, 2))
+                .collect::<io::Result<Vec<_>>>()?;
+            for sentinel in &sentinels {
+                sentinel.wait_for_replicas(1)?;
+            }
+            Ok(SentinelGroup { servers: vec![master, replica], fronts, sentinels, name: name.to_string() })
+        })
+    }
+
+    /// The Sentinels' addresses.
+    pub fn sentinel_addrs(&self) -> Vec<SocketAddr> {
+        self.sentinels.iter().map(|s| s.addr()).collect()
+    }
+
+    /// The name the Sentinels monitor.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// kill -9 of server `index` (0: the first master, 1: the first replica).
+    pub fn kill(&mut self, index: usize) {
+        self.servers[index].kill();
+    }
+
+    /// Starts server `index` again on its port and data; the Sentinels give it its role.
+    pub fn start_again(&mut self, index: usize) -> io::Result<()> {
+        self.servers[index].start_again()
+    }
+
+    /// Black-holes every connection to server `index`: its replica, the Sentinels and
+    /// clients hear nothing from it, as when its host is partitioned away.
+    pub fn isolate(&self, index: usize) {
+        self.fronts[index].set_fault(Fault::Blackhole);
+    }
+
+    /// Lets everyone reach both servers again.
+    pub fn heal(&self) {
+        self.fronts.iter().for_each(|front| front.set_fault(Fault::None));
     }
 }
