@@ -13,6 +13,7 @@ mod clock;
 mod plan;
 mod register;
 mod run;
+mod skew;
 mod topology;
 mod verdict;
 

@@ -16,6 +16,8 @@ pub(crate) enum Act {
     Kill { server: usize },
     /// Cuts a server off from the other servers (not from its clients), and heals.
     Partition { server: usize },
+    /// A server's clock jumps forward by the step's length, at once.
+    ClockJump { server: usize },
 }
 
 impl fmt::Display for Act {
@@ -25,6 +27,7 @@ impl fmt::Display for Act {
             Act::Link { client, fault } => write!(f, "{fault:?} on client {client}'s links"),
             Act::Kill { server } => write!(f, "kill server {server}"),
             Act::Partition { server } => write!(f, "partition server {server} from the others"),
+            Act::ClockJump { server } => write!(f, "jump server {server}'s clock forward"),
         }
     }
 }
@@ -46,6 +49,8 @@ pub(crate) struct Scope {
     pub(crate) links: bool,
     /// Whether servers can be partitioned from each other.
     pub(crate) partitions: bool,
+    /// Whether a server's clock can jump.
+    pub(crate) clock_jumps: bool,
     pub(crate) ttl: Duration,
 }
 
@@ -73,8 +78,10 @@ pub(crate) fn schedule(seed: u64, scope: Scope, duration: Duration) -> Vec<Step>
                 };
                 Act::Link { client, fault }
             }
-            // Where servers can be partitioned, half the server faults are partitions.
+            // Where servers can be partitioned, half the server faults are partitions; where
+            // clocks can jump, half of the rest are jumps.
             8..=9 if scope.partitions && rng.bool() => Act::Partition { server: rng.usize(..scope.servers) },
+            8..=9 if scope.clock_jumps && rng.bool() => Act::ClockJump { server: rng.usize(..scope.servers) },
             8..=9 if scope.servers > 0 => Act::Kill { server: rng.usize(..scope.servers) },
             _ => Act::Pause { client },
         };
@@ -83,6 +90,8 @@ pub(crate) fn schedule(seed: u64, scope: Scope, duration: Duration) -> Vec<Step>
             Act::Link { .. } => span(&mut rng, 0.5, 2.0),
             Act::Kill { .. } => span(&mut rng, 0.1, 1.0),
             Act::Partition { .. } => span(&mut rng, 0.5, 2.0),
+            // Past the expiry of every hold the server keeps.
+            Act::ClockJump { .. } => span(&mut rng, 1.0, 2.0),
         };
         let gap = span(&mut rng, 0.5, 2.0);
         total += gap + length;
@@ -95,7 +104,14 @@ pub(crate) fn schedule(seed: u64, scope: Scope, duration: Duration) -> Vec<Step>
 mod tests {
     use super::*;
 
-    const SCOPE: Scope = Scope { clients: 4, servers: 1, links: true, partitions: false, ttl: Duration::from_secs(1) };
+    const SCOPE: Scope = Scope {
+        clients: 4,
+        servers: 1,
+        links: true,
+        partitions: false,
+        clock_jumps: false,
+        ttl: Duration::from_secs(1),
+    };
 
     #[test]
     fn a_seed_replays_its_schedule_and_another_seed_differs() {
@@ -110,6 +126,14 @@ mod tests {
         let partitioned = |scope| schedule(3, scope, hour).iter().any(|s| matches!(s.act, Act::Partition { .. }));
         assert!(!partitioned(Scope { servers: 3, ..SCOPE }));
         assert!(partitioned(Scope { servers: 3, partitions: true, ..SCOPE }));
+    }
+
+    #[test]
+    fn clock_jumps_are_drawn_only_where_clocks_can_jump() {
+        let hour = Duration::from_secs(3600);
+        let jumped = |scope| schedule(3, scope, hour).iter().any(|s| matches!(s.act, Act::ClockJump { .. }));
+        assert!(!jumped(Scope { servers: 5, partitions: true, ..SCOPE }));
+        assert!(jumped(Scope { servers: 5, clock_jumps: true, ..SCOPE }));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::clock::now_ns;
 use crate::plan::{self, Act, Scope};
 use crate::register::Register;
 use crate::topology::Topology;
-use crate::verdict::Verdict;
+use crate::verdict::{Clocks, Verdict};
 use crate::RunArgs;
 
 type BoxError = Box<dyn Error>;
@@ -27,10 +27,10 @@ pub(crate) async fn run(args: &RunArgs) -> Result<Verdict, BoxError> {
     let clients = usize::from(args.clients);
     let (mut topology, target) = match &args.url {
         Some(url) => (Topology::External(url.clone()), url.clone()),
-        None => (tokio::task::block_in_place(|| Topology::start(&args.topology))?, args.topology.clone()),
+        None => (Topology::start(&args.topology).await?, args.topology.clone()),
     };
     let work = tempfile::Builder::new().prefix("dlock-nemesis-").tempdir()?;
-    let servers = topology.servers();
+    let servers = topology.endpoints();
     let history = History::new();
     let epoch_ns = now_ns();
     let register = Register::start(history.clone()).await?;
@@ -68,11 +68,13 @@ pub(crate) async fn run(args: &RunArgs) -> Result<Verdict, BoxError> {
 
     let scope = Scope {
         clients,
-        servers: servers.len(),
+        servers: topology.servers(),
         links: !servers.is_empty(),
         partitions: topology.partitions(),
+        clock_jumps: topology.clock_jumps(),
         ttl: args.ttl,
     };
+    let mut jumps = Vec::new();
     for step in plan::schedule(args.seed, scope, args.duration) {
         let left = Duration::from_nanos(until_ns.saturating_sub(now_ns()));
         if step.gap + step.length >= left {
@@ -100,6 +102,13 @@ pub(crate) async fn run(args: &RunArgs) -> Result<Verdict, BoxError> {
                 tokio::task::block_in_place(|| topology.isolate(server))?;
                 tokio::time::sleep(step.length).await;
                 tokio::task::block_in_place(|| topology.heal());
+            }
+            Act::ClockJump { server } => {
+                jumps.push(crate::clock::since(epoch_ns));
+                // A server that is down cannot jump; the step is then a pause in the plan.
+                if let Err(err) = tokio::task::block_in_place(|| topology.jump(server, step.length)) {
+                    eprintln!("  the jump failed: {err}");
+                }
             }
         }
     }
@@ -130,7 +139,8 @@ pub(crate) async fn run(args: &RunArgs) -> Result<Verdict, BoxError> {
         history.record_at(event);
     }
     let claims = lock_unpoisoned(&register.claims).clone();
-    Ok(Verdict::judge(args.seed, target, args.duration, &history, &claims, lost, acquire_errors))
+    let clocks = Clocks { fast: topology.fast_clock(), jumps };
+    Ok(Verdict::judge(args.seed, target, args.duration, &history, &claims, &clocks, lost, acquire_errors))
 }
 
 /// Reads one client's events file: `op phase at_ns token extra` per line.

@@ -10,6 +10,23 @@ use serde_json::json;
 
 use crate::register::Claim;
 
+/// What the run did to the servers' clocks.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Clocks {
+    /// A server's clock ran fast all along.
+    pub(crate) fast: bool,
+    /// When a server's clock jumped.
+    pub(crate) jumps: Vec<Duration>,
+}
+
+impl Clocks {
+    /// Whether a clock fault may have cut short a hold that began at `from` before
+    /// another was granted at `to`.
+    fn explain(&self, from: Duration, to: Duration) -> bool {
+        self.fast || self.jumps.iter().any(|at| (from..=to).contains(at))
+    }
+}
+
 /// The judgement of one run.
 #[derive(Debug)]
 pub(crate) struct Verdict {
@@ -27,8 +44,12 @@ pub(crate) struct Verdict {
     pub(crate) overlaps_silent: usize,
     pub(crate) token_regressions: Vec<(HoldSpan, HoldSpan)>,
     pub(crate) stale_writes_accepted: Vec<(Duration, u64)>,
-    /// A holder claimed its lease valid until a time after another holder was granted.
+    /// A holder claimed its lease valid until a time after another holder was granted,
+    /// with no clock fault to explain it: the backend broke its own promise.
     pub(crate) broken_claims: Vec<(Claim, HoldSpan)>,
+    /// The same, where a server's clock ran fast or jumped: no lease survives that (each
+    /// backend's validity assumes bounded drift), and fencing is what must hold then.
+    pub(crate) clock_broken_claims: Vec<(Claim, HoldSpan)>,
     pub(crate) writes: (usize, usize),
     pub(crate) lost: BTreeMap<String, usize>,
     pub(crate) acquire_errors: usize,
@@ -42,12 +63,14 @@ impl Verdict {
         self.token_regressions.len() + self.stale_writes_accepted.len() + self.broken_claims.len()
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn judge(
         seed: u64,
         target: String,
         duration: Duration,
         history: &History,
         claims: &[Claim],
+        clocks: &Clocks,
         lost: BTreeMap<String, usize>,
         acquire_errors: usize,
     ) -> Self {
@@ -70,7 +93,7 @@ impl Verdict {
             .iter()
             .filter(|pair| !wrote_in_overlap(pair, Phase::Fail) && !wrote_in_overlap(pair, Phase::Ok))
             .count();
-        let broken_claims = claims
+        let (clock_broken_claims, broken_claims): (Vec<_>, Vec<_>) = claims
             .iter()
             .filter_map(|claim| {
                 let own = holds.iter().rev().find(|h| h.process == claim.process && h.token == claim.token)?;
@@ -82,9 +105,11 @@ impl Verdict {
                             && h.start >= own.start
                             && h.start < claim.valid_until.min(own.end)
                     })
-                    .map(|newer| (*claim, *newer))
+                    .map(|newer| (*claim, *newer, own.start))
             })
-            .collect();
+            .partition(|(_, newer, own_start)| clocks.explain(*own_start, newer.start));
+        let strip = |v: Vec<(Claim, HoldSpan, Duration)>| v.into_iter().map(|(c, n, _)| (c, n)).collect::<Vec<_>>();
+        let (clock_broken_claims, broken_claims) = (strip(clock_broken_claims), strip(broken_claims));
         let writes = events.iter().filter(|e| e.op == Op::Write);
         let accepted = writes.clone().filter(|e| e.phase == Phase::Ok).count();
         let refused = writes.filter(|e| e.phase == Phase::Fail).count();
@@ -99,6 +124,7 @@ impl Verdict {
             token_regressions: report.token_regressions,
             stale_writes_accepted: report.stale_writes.iter().map(|(at, t)| (*at, t.get())).collect(),
             broken_claims,
+            clock_broken_claims,
             writes: (accepted, refused),
             lost,
             acquire_errors,
@@ -118,6 +144,7 @@ impl Verdict {
             "token_regressions": self.token_regressions.len(),
             "stale_writes_accepted": self.stale_writes_accepted.len(),
             "broken_validity_claims": self.broken_claims.len(),
+            "validity_claims_broken_by_clock_faults": self.clock_broken_claims.len(),
             "writes_accepted": self.writes.0,
             "writes_refused": self.writes.1,
             "leases_lost": self.lost,
@@ -162,6 +189,7 @@ impl fmt::Display for Verdict {
         writeln!(f, "  token regressions        {}", self.token_regressions.len())?;
         writeln!(f, "  stale writes accepted    {}", self.stale_writes_accepted.len())?;
         writeln!(f, "  broken validity claims   {}", self.broken_claims.len())?;
+        writeln!(f, "  ... by clock faults      {}", self.clock_broken_claims.len())?;
         writeln!(f, "  writes accepted/refused  {}/{}", self.writes.0, self.writes.1)?;
         writeln!(f, "  leases lost              {:?}", self.lost)?;
         writeln!(f, "  acquire errors           {}", self.acquire_errors)?;
@@ -221,11 +249,17 @@ mod tests {
             at: Duration::from_millis(100),
             valid_until: Duration::from_millis(valid_until),
         };
-        let judge = |claims: &[Claim]| {
-            Verdict::judge(0, "t".into(), Duration::from_secs(1), &history, claims, BTreeMap::new(), 0)
+        let judge = |claims: &[Claim], clocks: &Clocks| {
+            Verdict::judge(0, "t".into(), Duration::from_secs(1), &history, claims, clocks, BTreeMap::new(), 0)
         };
-        assert_eq!(judge(&[claim(400)]).anomalies(), 0, "validity ended before the next grant");
-        assert_eq!(judge(&[claim(600)]).broken_claims.len(), 1);
-        assert_eq!(judge(&[claim(600)]).overlaps.len(), 1);
+        let calm = Clocks::default();
+        assert_eq!(judge(&[claim(400)], &calm).anomalies(), 0, "validity ended before the next grant");
+        assert_eq!(judge(&[claim(600)], &calm).broken_claims.len(), 1);
+        assert_eq!(judge(&[claim(600)], &calm).overlaps.len(), 1);
+        // A clock that jumped between the two grants explains it; one after does not.
+        let jumped = |at| Clocks { fast: false, jumps: vec![Duration::from_millis(at)] };
+        let explained = judge(&[claim(600)], &jumped(300));
+        assert_eq!((explained.anomalies(), explained.clock_broken_claims.len()), (0, 1));
+        assert_eq!(judge(&[claim(600)], &jumped(700)).anomalies(), 1);
     }
 }

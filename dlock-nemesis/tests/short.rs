@@ -70,3 +70,8 @@ fn zookeeper_ensemble() {
 fn etcd_cluster() {
     short_run("etcd-cluster");
 }
+
+#[test]
+fn redis_sentinel() {
+    short_run("redis-sentinel");
+}
