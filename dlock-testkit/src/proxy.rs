@@ -151,10 +151,16 @@ async fn unheld(fault: &mut watch::Receiver<Fault>, direction: Direction) -> Flo
 /// same time without adding up (a delay line, not one pause per chunk), and order is kept.
 async fn pump(from: OwnedReadHalf, to: OwnedWriteHalf, fault: watch::Receiver<Fault>, direction: Direction) {
     let (chunks, queued) = mpsc::channel::<(Instant, Vec<u8>)>(256);
+    let writing = write_side(to, queued, fault.clone(), direction);
+    tokio::pin!(writing);
     tokio::select! {
-        _ = read_side(from, chunks, fault.clone(), direction) => {}
-        _ = write_side(to, queued, fault, direction) => {}
+        _ = read_side(from, chunks, fault, direction) => {}
+        _ = &mut writing => return,
     }
+    // The stream ended (or a fault closed it): what was read before still goes out, as
+    // TCP delivers the bytes sent before a close (a ZooKeeper member sends its id and
+    // closes at once, expecting the peer to call back), unless the fault is a cut.
+    writing.await;
 }
 
 async fn read_side(
@@ -240,6 +246,22 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// Bytes a client sends just before it closes reach the server: the close does not
+    /// overtake them in the proxy.
+    #[tokio::test]
+    async fn bytes_sent_before_a_close_are_delivered() {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let target = listener.local_addr().unwrap();
+        let proxy = FaultProxy::start(target).await.unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        client.write_all(b"hello, then goodbye").await.unwrap();
+        drop(client);
+        let (mut server, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), server.read_to_end(&mut got)).await.unwrap().unwrap();
+        assert_eq!(got, b"hello, then goodbye");
     }
 
     /// A server that counts the bytes it receives and answers each chunk with "ok".
