@@ -104,11 +104,12 @@ pub(crate) async fn run(args: &RunArgs) -> Result<Verdict, BoxError> {
                 tokio::task::block_in_place(|| topology.heal());
             }
             Act::ClockJump { server } => {
-                jumps.push(crate::clock::since(epoch_ns));
+                let sent = crate::clock::since(epoch_ns);
                 // A server that is down cannot jump; the step is then a pause in the plan.
                 if let Err(err) = tokio::task::block_in_place(|| topology.jump(server, step.length)) {
                     eprintln!("  the jump failed: {err}");
                 }
+                jumps.push((sent, crate::clock::since(epoch_ns)));
             }
         }
     }

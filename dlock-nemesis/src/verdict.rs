@@ -15,15 +15,15 @@ use crate::register::Claim;
 pub(crate) struct Clocks {
     /// A server's clock ran fast all along.
     pub(crate) fast: bool,
-    /// When a server's clock jumped.
-    pub(crate) jumps: Vec<Duration>,
+    /// When a server's clock jumped: from before the jump was sent to after it was done.
+    pub(crate) jumps: Vec<(Duration, Duration)>,
 }
 
 impl Clocks {
     /// Whether a clock fault may have cut short a hold that began at `from` before
     /// another was granted at `to`.
     fn explain(&self, from: Duration, to: Duration) -> bool {
-        self.fast || self.jumps.iter().any(|at| (from..=to).contains(at))
+        self.fast || self.jumps.iter().any(|&(sent, done)| sent <= to && done >= from)
     }
 }
 
@@ -257,9 +257,12 @@ mod tests {
         assert_eq!(judge(&[claim(600)], &calm).broken_claims.len(), 1);
         assert_eq!(judge(&[claim(600)], &calm).overlaps.len(), 1);
         // A clock that jumped between the two grants explains it; one after does not.
-        let jumped = |at| Clocks { fast: false, jumps: vec![Duration::from_millis(at)] };
+        let jumped =
+            |at| Clocks { fast: false, jumps: vec![(Duration::from_millis(at), Duration::from_millis(at + 5))] };
         let explained = judge(&[claim(600)], &jumped(300));
         assert_eq!((explained.anomalies(), explained.clock_broken_claims.len()), (0, 1));
         assert_eq!(judge(&[claim(600)], &jumped(700)).anomalies(), 1);
+        // So does a jump sent before the newer grant that ended after it.
+        assert_eq!(judge(&[claim(600)], &jumped(497)).anomalies(), 0);
     }
 }
