@@ -37,6 +37,15 @@ pub trait RawBaseline: Send + Sync {
         }
     }
 
+    /// Sends the commands of one uncontended campaign and resignation: the acquire, the
+    /// store of `value` under the hold (as [`campaign`](crate::campaign) stores the
+    /// leader's value), and the release. The default answers `Unsupported`, for a backend
+    /// without stored results or without a raw form of them yet.
+    async fn campaign_resign(&self, name: &LockName, value: &[u8]) -> Result<(), LockError> {
+        let _ = (name, value);
+        Err(LockError::Unsupported("a raw baseline of a campaign".into()))
+    }
+
     /// Sends the renewal command(s) for a hold of `name` (for the mass-renewal scenario).
     async fn renew(&self, name: &LockName) -> Result<(), LockError>;
 }

@@ -541,6 +541,17 @@ impl RawBaseline for MemoryBaseline {
         }
     }
 
+    /// The grant, the store of the value under it and the release, called directly.
+    async fn campaign_resign(&self, name: &LockName, value: &[u8]) -> Result<(), LockError> {
+        match self.backend.attempt(&baseline_request(name)?, &mut None).await? {
+            Attempt::Granted { hold, token } => {
+                self.backend.store_result(&hold, token, value, crate::options::MAX_DURATION).await?;
+                self.backend.release(&hold).await.map(drop)
+            }
+            Attempt::Busy { .. } => Err(LockError::Timeout),
+        }
+    }
+
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let req = baseline_request(name)?;
         let hold = MemoryHold {

@@ -3,13 +3,14 @@
 //! same kind of connection, without a client, leases, renewal scheduling or pub/sub.
 
 use async_trait::async_trait;
-use dlock_core::{HoldKind, LockError, LockName, RawBaseline, DEFAULT_TTL};
+use dlock_core::{HoldKind, LockError, LockName, RawBaseline, DEFAULT_TTL, MAX_DURATION};
 
 use crate::backend::{acquire_call, acquire_shared_call, release_call, release_shared_call, renew_call, PlaceMode};
 use crate::config::ReplicaAck;
 use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
-use crate::keys::KeyLayout;
+use crate::keys::{KeyLayout, LockKeys};
+use crate::results::{self, StoreReply};
 use crate::scripts::{ttl_millis, wait_replicas, AcquireReply, Invocation};
 
 /// The owner field every baseline call uses.
@@ -40,6 +41,23 @@ impl RedisBaseline {
         RedisBaseline { conn, layout, replica_ack }
     }
 
+    /// The acquire script call of an uncontended lock: its token.
+    async fn acquire(&self, keys: &LockKeys) -> Result<u64, LockError> {
+        let void = format!("{}:void:raw-baseline", keys.hold);
+        let acquire = acquire_call(
+            keys,
+            OWNER_FIELD,
+            GRANT_FIELD,
+            &void,
+            ttl_millis(DEFAULT_TTL),
+            ("raw-baseline", PlaceMode::Never),
+        );
+        match AcquireReply::parse(self.send(&acquire, &keys.hold).await?).map_err(to_lock_error)? {
+            AcquireReply::Granted(token) => Ok(token),
+            AcquireReply::Busy { .. } => Err(LockError::Timeout),
+        }
+    }
+
     /// Sends `call`; with a replica acknowledgement, `WAIT`s for it (on the same one
     /// connection: the baseline measures the calls, not a pool).
     async fn send(&self, call: &Invocation, hold: &str) -> Result<redis::Value, LockError> {
@@ -56,26 +74,26 @@ impl RedisBaseline {
 impl RawBaseline for RedisBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        let void = format!("{}:void:raw-baseline", keys.hold);
-        let reply = self
-            .send(
-                &acquire_call(
-                    &keys,
-                    OWNER_FIELD,
-                    GRANT_FIELD,
-                    &void,
-                    ttl_millis(DEFAULT_TTL),
-                    ("raw-baseline", PlaceMode::Never),
-                ),
-                &keys.hold,
-            )
-            .await?;
-        match AcquireReply::parse(reply).map_err(to_lock_error)? {
-            AcquireReply::Granted(token) => {
-                self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token), &keys.hold).await.map(drop)
-            }
-            AcquireReply::Busy { .. } => Err(LockError::Timeout),
+        let token = self.acquire(&keys).await?;
+        self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token), &keys.hold).await.map(drop)
+    }
+
+    /// The acquire, the store script call a campaign makes, and the release.
+    async fn campaign_resign(&self, name: &LockName, value: &[u8]) -> Result<(), LockError> {
+        let keys = self.layout.lock(name);
+        let token = self.acquire(&keys).await?;
+        let store = Invocation::new(&results::scripts().store, &[&keys.hold, &keys.result()])
+            .arg(OWNER_FIELD)
+            .arg(token.to_string())
+            .arg(GRANT_FIELD)
+            .arg(format!("{GRANT_FIELD}/{:016x}", fastrand::u64(..)))
+            .arg(value)
+            .arg(ttl_millis(MAX_DURATION));
+        let stored = StoreReply::parse(self.send(&store, &keys.result()).await?).map_err(to_lock_error)?;
+        if !stored.stored() {
+            return Err(LockError::NotHeld);
         }
+        self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token), &keys.hold).await.map(drop)
     }
 
     async fn acquire_release_kind(&self, name: &LockName, kind: HoldKind) -> Result<(), LockError> {

@@ -12,7 +12,7 @@ use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::{Dialect, SqlConfig, Target};
-use crate::dialect::{Param, Reply, Stmt};
+use crate::dialect::{LeaseSql, Param, Reply, Stmt};
 use crate::error::{is_lock_contention, is_rolled_back, lock_error};
 
 /// How many times a statement rolled back by a deadlock or serialization failure is sent
@@ -103,6 +103,28 @@ impl<'a> Args<'a> {
             retention_us: self.retention_us,
             kind: self.kind.to_string(),
         }
+    }
+}
+
+/// A transaction body for [`Pool::transact`] that runs `body` with the lease table's
+/// statements and its own copy of `args`, so that it borrows nothing but the transaction
+/// (the transaction may be run again after a rollback).
+pub(crate) fn in_tx<T, B>(
+    sql: &Arc<LeaseSql>,
+    args: Args<'_>,
+    body: B,
+) -> impl Fn(&mut Tx) -> BoxFuture<'_, Result<T, LockError>> + Send + Sync + 'static
+where
+    T: Send + 'static,
+    B: for<'t> Fn(&'t mut Tx, &'t LeaseSql, &'t OwnedArgs) -> BoxFuture<'t, Result<T, LockError>>
+        + Send
+        + Sync
+        + 'static,
+{
+    let (sql, args, body) = (sql.clone(), args.to_owned(), Arc::new(body));
+    move |tx| {
+        let (sql, args, body) = (sql.clone(), args.clone(), body.clone());
+        Box::pin(async move { body(tx, &sql, &args).await })
     }
 }
 

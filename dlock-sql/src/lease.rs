@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 use crate::config::{Dialect, SqlConfig};
-use crate::db::{Answer, Args, OwnedArgs, Pool, Tx, Value, Warm};
+use crate::db::{in_tx, Answer, Args, OwnedArgs, Pool, Tx, Value, Warm};
 use crate::dialect::{LeaseSql, Reply, Stmt};
 use crate::holds::{self, Live};
 use crate::link::{Conn, SqlLink};
@@ -206,14 +206,7 @@ impl SqlBackend {
             + Sync
             + 'static,
     {
-        let (sql, args, body) = (self.shared.sql.clone(), args.to_owned(), Arc::new(body));
-        self.shared
-            .conn
-            .transact(move |tx| {
-                let (sql, args, body) = (sql.clone(), args.clone(), body.clone());
-                Box::pin(async move { body(tx, &sql, &args).await })
-            })
-            .await
+        self.shared.conn.transact(in_tx(&self.shared.sql, args, body)).await
     }
 
     async fn row(&self, name: &LockName) -> Result<Option<Row>, LockError> {
@@ -228,14 +221,6 @@ impl SqlBackend {
             ttl_us: ttl_us(ttl),
             grant: &hold.grant,
             ..Args::name(hold.name.as_str())
-        }
-    }
-
-    fn granted_fence(&self, answer: &Answer) -> Option<i64> {
-        match self.shared.sql.acquire.reply {
-            Reply::Rows => answer.rows.first().and_then(|r| r.first()).and_then(Value::int),
-            // MySQL: LAST_INSERT_ID carries the token, 0 when busy.
-            Reply::Done => i64::try_from(answer.last_id).ok().filter(|f| *f > 0),
         }
     }
 
@@ -491,7 +476,7 @@ impl Backend for SqlBackend {
             };
         }
         let answer = self.run(&self.shared.sql.acquire, args).await?;
-        if let Some(fence) = self.granted_fence(&answer) {
+        if let Some(fence) = granted_fence(&self.shared.sql, &answer) {
             if ticket.as_ref().is_some_and(|t| t.waiting) {
                 // Our place as a waiting writer is used up. Should this fail, the place
                 // lapses by itself within a ttl; until then it only holds back readers that
@@ -695,6 +680,15 @@ impl Backend for SqlBackend {
             None => None,
         };
         Ok(LockInfo { holder, waiters: None })
+    }
+}
+
+/// The fence an answer to the acquire statement granted, if it granted one.
+pub(crate) fn granted_fence(sql: &LeaseSql, answer: &Answer) -> Option<i64> {
+    match sql.acquire.reply {
+        Reply::Rows => answer.rows.first().and_then(|r| r.first()).and_then(Value::int),
+        // MySQL: LAST_INSERT_ID carries the token, 0 when busy.
+        Reply::Done => i64::try_from(answer.last_id).ok().filter(|f| *f > 0),
     }
 }
 

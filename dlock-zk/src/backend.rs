@@ -416,7 +416,8 @@ async fn read_queue(session: &Session, lock_path: &str) -> Result<LockInfo, Lock
     }
 }
 
-fn token_of(stat: &zk::Stat) -> FencingToken {
+/// A hold's fencing token: the czxid of its node.
+pub(crate) fn token_of(stat: &zk::Stat) -> FencingToken {
     // A zxid is positive and grows with every write of the ensemble, across leader
     // elections (the epoch is its high half) and restarts (it is persisted).
     FencingToken::new(stat.czxid.max(0) as u64)
