@@ -84,6 +84,23 @@ pub(crate) fn retry<T>(attempts: usize, mut attempt: impl FnMut() -> io::Result<
     Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
 }
 
+/// [`retry`] for a start that awaits (one that starts fault proxies on the runtime): up
+/// to `attempts` tries, each failure but the last logged with `what`.
+pub(crate) async fn retry_async<T, F, Fut>(attempts: usize, what: &str, mut attempt: F) -> io::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = io::Result<T>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match attempt().await {
+            Err(err) if tries < attempts => tracing::warn!("starting {what} failed, trying again: {err}"),
+            done => return done,
+        }
+    }
+}
+
 /// Calls `check` every `every` until it yields a value (`Ok(Some(_))`) or fails, or until
 /// `timeout` passes, which is `Ok(None)`: the caller knows what to say about the wait.
 pub(crate) fn poll<T>(

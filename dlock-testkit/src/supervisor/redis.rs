@@ -9,7 +9,8 @@ use std::time::Duration;
 use dlock_conformance::Fault;
 
 use super::{
-    free_port, poll, program, retry, start_on_free_port, succeeded, wait_for_port, Kind, Server, ServerProcess,
+    free_port, poll, program, retry, retry_async, start_on_free_port, succeeded, wait_for_port, Kind, Server,
+    ServerProcess,
 };
 use crate::proxy::FaultProxy;
 
@@ -395,14 +396,7 @@ impl SentinelGroup {
     /// monitored name `name`, and waits until every Sentinel knows the replica. Must run
     /// on a multi-threaded tokio runtime: the proxies run on it.
     pub async fn start(config: &RedisConfig, name: &str) -> io::Result<Self> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match Self::try_start(config, name).await {
-                Err(err) if tries < 3 => tracing::warn!("starting a Sentinel group failed, trying again: {err}"),
-                done => return done,
-            }
-        }
+        retry_async(3, "a Sentinel group", || Self::try_start(config, name)).await
     }
 
     async fn try_start(config: &RedisConfig, name: &str) -> io::Result<Self> {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use dlock_conformance::Fault;
 use tempfile::TempDir;
 
-use super::{free_port, program, retry, CommandSpec, Kind, Node, Server, ServerProcess};
+use super::{free_port, program, retry, retry_async, CommandSpec, Kind, Node, Server, ServerProcess};
 use crate::proxy::FaultProxy;
 
 /// The jar of the ZooKeeper server (its manifest names the other jars it needs).
@@ -279,14 +279,7 @@ impl ZooKeeperEnsemble {
     /// [`isolate`](Self::isolate)), and waits until every member serves. Must run on a
     /// multi-threaded tokio runtime: the proxies run on it while the members start.
     pub async fn start_linked(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match Self::try_start_linked(size, config).await {
-                Err(err) if tries < 3 => tracing::warn!("starting a linked ensemble failed, trying again: {err}"),
-                done => return done,
-            }
-        }
+        retry_async(3, "a linked ensemble", || Self::try_start_linked(size, config)).await
     }
 
     async fn try_start_linked(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
