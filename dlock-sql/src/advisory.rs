@@ -341,6 +341,15 @@ impl AdvisoryBackend {
         Ok(id)
     }
 
+    /// Whether the server ends `session` within the operation timeout (the relay sees its
+    /// side close).
+    async fn ended(&self, session: &Session) -> bool {
+        let mut closed = session.closed.clone();
+        let within = self.shared.conn.config().common.op_timeout;
+        let ended = matches!(tokio::time::timeout(within, closed.wait_for(|c| *c)).await, Ok(Ok(_)));
+        ended
+    }
+
     /// An idle session, if there is one.
     fn idle_session(&self) -> Option<Arc<Session>> {
         loop {
@@ -709,8 +718,10 @@ impl Backend for AdvisoryBackend {
 
     /// One statement on the holding session (see the module docs). `NotHeld` when the
     /// session has ended or let go of the lock, when the lock was granted again since, or
-    /// when a result of this token or a later one is kept; a session that breaks while the
-    /// statement is on its way leaves its outcome unknown (`Unavailable`).
+    /// when a result of this token or a later one is kept. A connection that breaks while
+    /// the statement is on its way leaves its outcome unknown (`Unavailable`) unless the
+    /// server ends the session within the operation timeout, after which the record kept
+    /// tells.
     async fn store_result(
         &self,
         hold: &AdvisoryHold,
@@ -744,6 +755,16 @@ impl Backend for AdvisoryBackend {
             Ok(false) => Err(LockError::NotHeld),
             // The server ended the session instead of running the statement to its commit.
             Err(err) if is_session_ended(&err) => Err(LockError::NotHeld),
+            // The connection broke under the statement. Once the server has ended the
+            // session too, the statement committed before that or never will: the record
+            // kept tells which. (The server may end an idle session it was told to kill
+            // without a word, before the relay has seen it go.)
+            Err(err) if session_gone(&err) && self.ended(&hold.session).await => {
+                match self.load_result(&hold.name).await? {
+                    Some(kept) if kept.token == FencingToken::new(token as u64) && kept.value == value => Ok(()),
+                    _ => Err(LockError::NotHeld),
+                }
+            }
             Err(err) => Err(lock_error(err)),
         }
     }
