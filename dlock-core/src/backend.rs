@@ -208,6 +208,15 @@ pub trait Backend: Send + Sync + 'static {
         requested
     }
 
+    /// When the request that made `hold` was sent, if that was before the attempt that
+    /// returned it: a grant made on this waiter's behalf by another call (a release that
+    /// handed the lock on) counts from that call, not from the attempt that picked it up.
+    /// The default is `None`: the attempt made the grant.
+    fn granted_since(&self, hold: &Self::Hold) -> Option<Instant> {
+        let _ = hold;
+        None
+    }
+
     /// Called once for every granted hold, for backends that learn of a loss by a push
     /// (a session expiry event) rather than by renewing. The default ignores it.
     fn watch_hold(&self, hold: &Self::Hold, signal: LostSignal) {

@@ -305,6 +305,7 @@ impl<B: Backend> Inner<B> {
             };
             let retry_after = match attempt {
                 Attempt::Granted { hold, token } => {
+                    let sent = self.backend.granted_since(&hold).map_or(sent, |since| since.min(sent));
                     if validity(&self.backend, &hold, sent, req.ttl()).0 > Instant::now() {
                         tracing::debug!(%token, waited = ?started.elapsed(), "acquired");
                         self.stats.granted(started.elapsed(), handed_off);

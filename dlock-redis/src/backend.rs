@@ -12,6 +12,7 @@ use redis::Value;
 use crate::config::ReplicaAck;
 use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
+use crate::handoff::{Entry, LocalWaiters};
 use crate::hold::{holder, RedisHold};
 use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::{Registration, Subscriptions};
@@ -82,6 +83,9 @@ pub struct RedisTicket {
     /// The channel `registration` listens on.
     channel: String,
     registration: Registration,
+    /// Its registration as a waiter this client's releases may hand the lock to, once it
+    /// has a place (an exclusive request, without replica acknowledgement).
+    local: Option<Entry>,
 }
 
 impl std::fmt::Debug for RedisTicket {
@@ -108,6 +112,7 @@ pub struct RedisBackend {
     layout: KeyLayout,
     subscriptions: Subscriptions,
     replica_ack: Option<Acked>,
+    local: LocalWaiters,
 }
 
 /// Replica acknowledgement: how many replicas, and the connections of its own that
@@ -147,7 +152,7 @@ impl RedisBackend {
             }
             Acked { ack, conns, next: AtomicUsize::new(0) }
         });
-        RedisBackend { conn, layout, subscriptions, replica_ack }
+        RedisBackend { conn, layout, subscriptions, replica_ack, local: LocalWaiters::default() }
     }
 
     /// The key layout.
@@ -320,7 +325,7 @@ pub(crate) fn renew_call(keys: &LockKeys, owner_field: &str, grant_field: &str, 
 
 /// The release script call for one grant.
 pub(crate) fn release_call(keys: &LockKeys, owner_field: &str, grant_field: &str, token: u64) -> Invocation {
-    Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places])
+    Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places, &keys.fence])
         .arg(owner_field)
         .arg(token.to_string())
         .arg(&keys.channel)
@@ -366,13 +371,26 @@ impl Backend for RedisBackend {
         let keys = self.layout.lock(&req.name);
         let ttl_ms = ttl_millis(req.ttl());
         let place = req.id.as_str();
+        if let Some((token, sent)) = ticket.as_ref().and_then(|t| t.local.as_ref()).and_then(Entry::take_handed) {
+            return Ok(Attempt::Granted {
+                hold: RedisHold {
+                    keys,
+                    owner_field: owner_field(&req.owner),
+                    grant_field: grant_field(&req.id),
+                    token,
+                    kind: req.kind,
+                    handed_at: Some(sent),
+                },
+                token: FencingToken::new(token),
+            });
+        }
         if ticket.is_none() && PlaceMode::of(req) == PlaceMode::Always {
             // Another waiter of this client queues for the lock already: listening beside
             // it costs nothing, and listening before the first look means that look
             // needs no second one.
             let channel = keys.wake(place);
             if let Some(registration) = self.subscriptions.subscribed_for(&channel, place) {
-                *ticket = Some(RedisTicket { place: Some(place.to_string()), channel, registration });
+                *ticket = Some(RedisTicket { place: Some(place.to_string()), channel, registration, local: None });
             }
         }
         let mut reply = self.acquire_once(req, &keys, ttl_ms).await?;
@@ -402,7 +420,8 @@ impl Backend for RedisBackend {
                 self.subscriptions.subscribe(&channel).await
             };
             let place = if queued { Some(place.to_string()) } else { had_place };
-            *ticket = Some(RedisTicket { place, channel, registration });
+            let local = ticket.take().and_then(|t| t.local);
+            *ticket = Some(RedisTicket { place, channel, registration, local });
             reply = self.acquire_once(req, &keys, ttl_ms).await?;
         }
         Ok(match reply {
@@ -413,6 +432,7 @@ impl Backend for RedisBackend {
                     grant_field: grant_field(&req.id),
                     token,
                     kind: req.kind,
+                    handed_at: None,
                 },
                 token: FencingToken::new(token),
             },
@@ -422,6 +442,9 @@ impl Backend for RedisBackend {
                 let retry_after = if queued {
                     if let Some(ticket) = ticket.as_mut() {
                         ticket.place = Some(req.id.to_string());
+                        if ticket.local.is_none() && req.kind == HoldKind::Exclusive && self.replica_ack.is_none() {
+                            ticket.local = Some(self.local.enter(&keys, req, ttl_ms));
+                        }
                     }
                     let refresh = req.ttl() / PLACE_REFRESHES_PER_TTL;
                     Some(left.map_or(refresh, |left| left.min(refresh)))
@@ -440,6 +463,15 @@ impl Backend for RedisBackend {
         until: tokio::time::Instant,
     ) -> Result<(), LockError> {
         match ticket {
+            Some(RedisTicket { registration, local: Some(local), .. }) => {
+                let woken = async {
+                    tokio::select! {
+                        _ = registration.notified() => {}
+                        _ = local.handed() => {}
+                    }
+                };
+                let _ = tokio::time::timeout_at(until, woken).await;
+            }
             Some(ticket) => {
                 let _ = tokio::time::timeout_at(until, ticket.registration.notified()).await;
             }
@@ -449,6 +481,11 @@ impl Backend for RedisBackend {
     }
 
     async fn abandon(&self, req: &Request, ticket: RedisTicket) {
+        if ticket.local.is_some() {
+            // A release of this client may have handed the lock to this request already:
+            // give back whatever grant it has, with its place.
+            return self.give_back(req, Some(ticket)).await;
+        }
         let Some(place) = ticket.place.as_deref() else { return };
         let keys = self.layout.lock(&req.name);
         if let Err(err) = abandon_call(&keys, place).run(&mut self.conn.clone()).await {
@@ -481,11 +518,24 @@ impl Backend for RedisBackend {
         })
     }
 
+    /// Names this client's waiters of the lock, so that the release can hand it to the
+    /// head of the queue if that is one of them (see [`crate::handoff`]).
     async fn release(&self, hold: &RedisHold) -> Result<Release, LockError> {
-        let call = release_hold_call(hold);
+        let mut call = release_hold_call(hold);
+        if hold.kind == HoldKind::Exclusive && self.replica_ack.is_none() {
+            call = self.local.name_waiters(&hold.keys.hold, call);
+        }
+        let sent = tokio::time::Instant::now();
         let (reply, sent_twice) = call.run_again_if_broken(&mut self.conn.clone()).await.map_err(to_lock_error)?;
-        let released = ReleaseReply::parse(reply).map_err(to_lock_error)?.released(sent_twice);
-        Ok(if released { Release::Released } else { Release::NotHeld })
+        let reply = ReleaseReply::parse(reply).map_err(to_lock_error)?;
+        if let ReleaseReply::HandedOn { place, token } = &reply {
+            self.local.hand(&hold.keys.hold, place, *token, sent);
+        }
+        Ok(if reply.released(sent_twice) { Release::Released } else { Release::NotHeld })
+    }
+
+    fn granted_since(&self, hold: &RedisHold) -> Option<tokio::time::Instant> {
+        hold.handed_at
     }
 
     async fn give_back(&self, req: &Request, ticket: Option<RedisTicket>) {

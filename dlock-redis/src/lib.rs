@@ -227,6 +227,7 @@ mod baseline;
 pub mod config;
 mod connection;
 mod error;
+mod handoff;
 mod hold;
 pub mod keys;
 mod pubsub;

@@ -354,6 +354,7 @@ mod tests {
             grant_field: "grant:g".into(),
             token: 7,
             kind: HoldKind::Exclusive,
+            handed_at: None,
         };
         let call = store_call(&hold, FencingToken::new(8), b"v", Duration::from_secs(1));
         assert!(matches!(call, Err(LockError::NotHeld)));

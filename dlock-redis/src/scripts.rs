@@ -199,6 +199,10 @@ end
 /// A request that has a place keeps it, refreshed to lapse a ttl from now. When dropping
 /// lapsed places leaves a free lock with a new head, that head is woken.
 ///
+/// A request granted already (by an earlier delivery of it, or by a release that handed
+/// the lock to its place) answers that grant, kept for at least the ttl from now: the
+/// client counts the lease from when it sent this request, which may be after the grant.
+///
 /// KEYS: hold, fence counter, void marker, queue, places. ARGV: owner field, ttl in ms,
 /// grant field, place id, place mode, wake-up channel prefix.
 /// Returns `{1, token}` when granted, `{0, wait, placed}` when busy (or given back
@@ -209,10 +213,13 @@ const ACQUIRE: &str = r#"
 if redis.call('exists', KEYS[3]) == 1 then
   return {0, redis.call('pttl', KEYS[1]), 0}
 end
+local ttl = tonumber(ARGV[2])
 if redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
+  if redis.call('pttl', KEYS[1]) < ttl then
+    redis.call('pexpire', KEYS[1], ttl)
+  end
   return {1, redis.call('hget', KEYS[1], 'token')}
 end
-local ttl = tonumber(ARGV[2])
 if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[1], 1)
   redis.call('hset', KEYS[1], ARGV[3], 1)
@@ -284,13 +291,21 @@ return 1
 /// the lock's channel. Idempotent per grant: a second delivery finds the grant gone and
 /// changes nothing.
 ///
+/// The releasing client may name waiters of its own that queue for the lock (each by its
+/// place id, owner field, grant field and ttl): when the head of the queue is one of them,
+/// the lock is granted to it here, as its own acquire would grant it at the head, and
+/// nobody is woken; the client hands the grant over without another call. A waiter that
+/// gave up has no place (its give-back took it), so it is never granted this way.
+///
 /// The last release deletes the hash first: `DEL` is allowed when the server is out of
 /// memory (`HINCRBY` is not), so unlocking keeps working then.
 ///
-/// KEYS: hold, queue, places. ARGV: owner field, token, channel, grant field, wake-up
-/// channel prefix.
-/// Returns 1 when released, 2 when the hold is there but this grant was released
-/// already, 0 when the hold is not ours.
+/// KEYS: hold, queue, places, fence counter. ARGV: owner field, token, channel, grant
+/// field, wake-up channel prefix, then four per waiter named: place id, owner field,
+/// grant field, ttl in ms.
+/// Returns 1 when released, `{1, place id, token}` when released and granted to the
+/// waiter of that place, 2 when the hold is there but this grant was released already, 0
+/// when the hold is not ours.
 const RELEASE: &str = r#"
 if redis.call('hget', KEYS[1], 'token') ~= ARGV[2] or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
   return 0
@@ -300,9 +315,21 @@ if redis.call('hexists', KEYS[1], ARGV[4]) == 0 then
 end
 if tonumber(redis.call('hget', KEYS[1], ARGV[1])) <= 1 then
   redis.call('del', KEYS[1])
-  if not wake_head(KEYS[2], KEYS[3], ARGV[5]) then
+  local head = queue_head(KEYS[2], KEYS[3], now_ms())
+  if not head then
     redis.call('publish', ARGV[3], ARGV[2])
+    return 1
   end
+  for i = 6, #ARGV - 3, 4 do
+    if ARGV[i] == head then
+      leave_queue(KEYS[2], KEYS[3], head)
+      local token = redis.call('incr', KEYS[4])
+      redis.call('hset', KEYS[1], ARGV[i + 1], 1, 'token', token, ARGV[i + 2], 1)
+      redis.call('pexpire', KEYS[1], tonumber(ARGV[i + 3]))
+      return {1, head, token}
+    end
+  end
+  wake(ARGV[5], head)
   return 1
 end
 redis.call('hincrby', KEYS[1], ARGV[1], -1)
@@ -906,10 +933,18 @@ impl RenewReply {
 }
 
 /// What the release script answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseReply {
     /// This grant was released now.
     Released,
+    /// This grant was released now, and the lock granted to the waiter of this place, one
+    /// the release named, with this token.
+    HandedOn {
+        /// The place id (the request id) of the waiter granted.
+        place: String,
+        /// The token of its grant.
+        token: u64,
+    },
     /// The hold is there, but this grant of it was released before.
     AlreadyReleased,
     /// The hold is gone, or it is another's.
@@ -917,8 +952,14 @@ pub enum ReleaseReply {
 }
 
 impl ReleaseReply {
-    /// Reads the script's 1, 2 or 0.
+    /// Reads the script's 1, 2 or 0, or `{1, place, token}`.
     pub fn parse(reply: Value) -> RedisResult<Self> {
+        if let Value::Array(items) = &reply {
+            return match redis::from_redis_value::<(i64, String, u64)>(Value::Array(items.clone()))? {
+                (1, place, token) if token > 0 => Ok(ReleaseReply::HandedOn { place, token }),
+                other => Err(unexpected("release", &format!("{other:?}"))),
+            };
+        }
         match redis::from_redis_value::<i64>(reply)? {
             1 => Ok(ReleaseReply::Released),
             2 => Ok(ReleaseReply::AlreadyReleased),
@@ -930,8 +971,8 @@ impl ReleaseReply {
     /// Whether the grant is released, given whether the call was sent twice: after a
     /// second sending, a grant found gone was most likely released by the first, whose
     /// reply the broken connection lost (and either way it is not held any more).
-    pub fn released(self, sent_twice: bool) -> bool {
-        self == ReleaseReply::Released || sent_twice
+    pub fn released(&self, sent_twice: bool) -> bool {
+        matches!(self, ReleaseReply::Released | ReleaseReply::HandedOn { .. }) || sent_twice
     }
 }
 
@@ -1035,6 +1076,8 @@ mod tests {
         assert_eq!(RenewReply::parse(int(-1)).unwrap(), RenewReply::Stolen);
         assert_eq!(ReleaseReply::parse(int(1)).unwrap(), ReleaseReply::Released);
         assert_eq!(ReleaseReply::parse(int(2)).unwrap(), ReleaseReply::AlreadyReleased);
+        let handed = Value::Array(vec![int(1), Value::BulkString(b"c:7".to_vec()), int(42)]);
+        assert_eq!(ReleaseReply::parse(handed).unwrap(), ReleaseReply::HandedOn { place: "c:7".into(), token: 42 });
         assert!(!ReleaseReply::parse(int(0)).unwrap().released(false));
         assert!(ReleaseReply::parse(int(0)).unwrap().released(true));
         assert_eq!(HoldView::parse(Value::Array(vec![])).unwrap(), None);

@@ -171,3 +171,91 @@ async fn a_waiter_giving_up_at_the_head_wakes_the_next() {
     let lease = tokio::time::timeout(Duration::from_secs(2), task).await.expect("woken at once").unwrap().unwrap();
     lease.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_a_waiter_of_its_own_client_in_one_call() {
+    const WAITERS: usize = 3;
+    let server = RedisServer::start(&ServerConfig::default()).unwrap();
+    let locker = dlock_redis::connect(support::client_config(server.addr())).await.unwrap();
+    let name = LockName::new("fair/in-client").unwrap();
+    let opts = LockOptions::watchdog(Duration::from_secs(30)).fair(true).wait(Duration::from_secs(20));
+    let held = locker.acquire(&name, &opts).await.unwrap();
+    let first = held.token();
+
+    let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let (task_locker, task_name, opts, granted_tx) =
+            (locker.clone(), name.clone(), opts.clone(), granted_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = task_locker.acquire(&task_name, &opts).await.unwrap();
+            granted_tx.send((i, lease.token())).unwrap();
+            lease.release().await.unwrap();
+        }));
+        eventually("the waiter queues", Duration::from_secs(5), || async {
+            locker.inspect(&name).await.unwrap().waiters == Some(i + 1) && locker.stats().waiting == i as u64 + 1
+        })
+        .await;
+    }
+    let mut monitor = Monitor::start(&server).await;
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(5), task).await.expect("every waiter is granted in turn").unwrap();
+    }
+    let sent = monitor.collect().await;
+
+    let mut order = Vec::new();
+    let mut last = first;
+    while let Ok((i, token)) = granted.try_recv() {
+        assert!(token > last, "tokens go up with every hand-off: {token} after {last}");
+        order.push(i);
+        last = token;
+    }
+    assert_eq!(order, (0..WAITERS).collect::<Vec<_>>(), "granted in the order they queued");
+    // Each release granted the next waiter itself: no waiter asked again, nobody was
+    // woken, and only the last release (with nobody queued) published.
+    let acquire = scripts().acquire.get_hash();
+    let client = client_commands(&sent);
+    assert_eq!(client.iter().filter(|s| s.is_script(acquire)).count(), 0, "{client:?}");
+    assert_eq!(client.iter().filter(|s| s.is_script(scripts().release.get_hash())).count(), WAITERS + 1, "{client:?}");
+    let publishes: Vec<&str> =
+        sent.iter().filter(|s| s.source == "lua" && s.command() == "publish").map(|s| s.args[1].as_str()).collect();
+    assert_eq!(publishes, [keys(&name).channel.as_str()]);
+    assert_eq!(locker.inspect(&name).await.unwrap().waiters, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_giving_up_as_its_client_hands_it_the_lock_leaves_it_free() {
+    let server = RedisServer::start(&ServerConfig::default()).unwrap();
+    let locker = dlock_redis::connect(support::client_config(server.addr())).await.unwrap();
+    let name = LockName::new("fair/give-up-handed").unwrap();
+    let opts = LockOptions::watchdog(Duration::from_secs(30)).fair(true);
+    let patience = Duration::from_millis(40);
+    // The release races the waiter's deadline, landing on either side of it by turns.
+    for round in 0..40u64 {
+        let held = locker.acquire(&name, &opts).await.unwrap();
+        let started = Instant::now();
+        let waiter = {
+            let (waiting, name, opts) = (locker.clone(), name.clone(), opts.clone().wait(patience));
+            tokio::spawn(async move { waiting.acquire(&name, &opts).await })
+        };
+        eventually("the waiter queues", Duration::from_secs(5), || async { locker.stats().waiting == 1 }).await;
+        tokio::time::sleep_until(
+            started + patience + Duration::from_micros(round % 8 * 500) - Duration::from_millis(2),
+        )
+        .await;
+        held.release().await.unwrap();
+        match waiter.await.unwrap() {
+            Ok(lease) => lease.release().await.unwrap(),
+            Err(dlock_core::LockError::Timeout) => {
+                let info = locker.inspect(&name).await.unwrap();
+                assert!(
+                    info.holder.is_none(),
+                    "round {round}: a grant handed to a waiter that gave up stayed: {info:?}"
+                );
+            }
+            Err(err) => panic!("round {round}: {err}"),
+        }
+        assert_eq!(locker.inspect(&name).await.unwrap().waiters, Some(0), "round {round}");
+    }
+}

@@ -460,6 +460,7 @@ impl Backend for RedLockBackend {
                     grant_field: ask.grant,
                     token,
                     kind: dlock_core::HoldKind::Exclusive,
+                    handed_at: None,
                 },
                 token: FencingToken::new(token),
             },

@@ -1,0 +1,111 @@
+//! Hand-offs inside one client: a release names the client's own waiters that queue for
+//! the lock, and when the head of the queue is one of them the release script grants the
+//! lock to it on the spot (see the release script). The waiter then takes its grant from
+//! here, without a wake-up message and without an acquire call of its own: a hand-off
+//! between two tasks of one client costs the release's one round trip.
+//!
+//! A waiter that gives up while registered gives back whatever grant its request may have
+//! (the give-back script), since a release may have handed it the lock meanwhile. A
+//! grant handed to a waiter that got it by its own acquire already (the acquire answers a
+//! grant made for its request) is the same grant, and is simply not taken twice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use dlock_core::backend::{lock_unpoisoned, Request};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::keys::{grant_field, owner_field, LockKeys};
+use crate::scripts::Invocation;
+
+/// The most waiters one release names.
+const MAX_NAMED: usize = 16;
+
+/// This client's waiters that queue for a lock, by the lock's hold key.
+#[derive(Debug, Default)]
+pub(crate) struct LocalWaiters {
+    by_lock: Arc<Mutex<HashMap<String, Vec<Arc<Waiter>>>>>,
+}
+
+/// One waiting request, as a release names it, and the grant a release handed it.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    place: String,
+    owner_field: String,
+    grant_field: String,
+    ttl_ms: u64,
+    /// The token handed over, and when the release that granted it was sent.
+    handed: Mutex<Option<(u64, Instant)>>,
+    notify: Notify,
+}
+
+/// A waiter's registration; dropping it takes the waiter out.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    by_lock: Arc<Mutex<HashMap<String, Vec<Arc<Waiter>>>>>,
+    hold_key: String,
+    waiter: Arc<Waiter>,
+}
+
+impl LocalWaiters {
+    /// Registers `req`, which has a place in the queue of `keys`' lock, as a waiter a
+    /// release by this client may hand the lock to.
+    pub(crate) fn enter(&self, keys: &LockKeys, req: &Request, ttl_ms: u64) -> Entry {
+        let waiter = Arc::new(Waiter {
+            place: req.id.as_str().to_string(),
+            owner_field: owner_field(&req.owner),
+            grant_field: grant_field(&req.id),
+            ttl_ms,
+            handed: Mutex::new(None),
+            notify: Notify::new(),
+        });
+        lock_unpoisoned(&self.by_lock).entry(keys.hold.clone()).or_default().push(waiter.clone());
+        Entry { by_lock: self.by_lock.clone(), hold_key: keys.hold.clone(), waiter }
+    }
+
+    /// `call` (a release of the lock whose hold key is `hold_key`) naming this client's
+    /// waiters of that lock.
+    pub(crate) fn name_waiters(&self, hold_key: &str, mut call: Invocation) -> Invocation {
+        let by_lock = lock_unpoisoned(&self.by_lock);
+        for waiter in by_lock.get(hold_key).into_iter().flatten().take(MAX_NAMED) {
+            call = call.arg(&waiter.place).arg(&waiter.owner_field).arg(&waiter.grant_field).arg(waiter.ttl_ms);
+        }
+        call
+    }
+
+    /// Hands the grant of `token`, made by a release sent at `sent`, to the waiter of
+    /// `place`, if it still waits (else it took the grant itself, or gives it back).
+    pub(crate) fn hand(&self, hold_key: &str, place: &str, token: u64, sent: Instant) {
+        let by_lock = lock_unpoisoned(&self.by_lock);
+        if let Some(waiter) = by_lock.get(hold_key).into_iter().flatten().find(|w| w.place == place) {
+            *lock_unpoisoned(&waiter.handed) = Some((token, sent));
+            waiter.notify.notify_one();
+        }
+    }
+}
+
+impl Entry {
+    /// The grant a release handed this waiter, if one did: its token and when the
+    /// release was sent.
+    pub(crate) fn take_handed(&self) -> Option<(u64, Instant)> {
+        lock_unpoisoned(&self.waiter.handed).take()
+    }
+
+    /// Resolves when a release hands this waiter a grant.
+    pub(crate) async fn handed(&self) {
+        self.waiter.notify.notified().await
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let mut by_lock = lock_unpoisoned(&self.by_lock);
+        if let Some(waiters) = by_lock.get_mut(&self.hold_key) {
+            waiters.retain(|w| !Arc::ptr_eq(w, &self.waiter));
+            if waiters.is_empty() {
+                by_lock.remove(&self.hold_key);
+            }
+        }
+    }
+}
