@@ -323,6 +323,20 @@ pub(crate) fn renew_call(keys: &LockKeys, owner_field: &str, grant_field: &str, 
         .arg(grant_field)
 }
 
+/// The attempt granting `req` the hold of `keys` with `token`; `handed_at` is when the
+/// release that handed it over was sent, for a grant a release made.
+fn granted(req: &Request, keys: LockKeys, token: u64, handed_at: Option<tokio::time::Instant>) -> Attempt<RedisHold> {
+    let hold = RedisHold {
+        keys,
+        owner_field: owner_field(&req.owner),
+        grant_field: grant_field(&req.id),
+        token,
+        kind: req.kind,
+        handed_at,
+    };
+    Attempt::Granted { hold, token: FencingToken::new(token) }
+}
+
 /// The release script call for one grant.
 pub(crate) fn release_call(keys: &LockKeys, owner_field: &str, grant_field: &str, token: u64) -> Invocation {
     Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places, &keys.fence])
@@ -372,17 +386,7 @@ impl Backend for RedisBackend {
         let ttl_ms = ttl_millis(req.ttl());
         let place = req.id.as_str();
         if let Some((token, sent)) = ticket.as_ref().and_then(|t| t.local.as_ref()).and_then(Entry::take_handed) {
-            return Ok(Attempt::Granted {
-                hold: RedisHold {
-                    keys,
-                    owner_field: owner_field(&req.owner),
-                    grant_field: grant_field(&req.id),
-                    token,
-                    kind: req.kind,
-                    handed_at: Some(sent),
-                },
-                token: FencingToken::new(token),
-            });
+            return Ok(granted(req, keys, token, Some(sent)));
         }
         if ticket.is_none() && PlaceMode::of(req) == PlaceMode::Always {
             // Another waiter of this client queues for the lock already: listening beside
@@ -425,17 +429,7 @@ impl Backend for RedisBackend {
             reply = self.acquire_once(req, &keys, ttl_ms).await?;
         }
         Ok(match reply {
-            AcquireReply::Granted(token) => Attempt::Granted {
-                hold: RedisHold {
-                    keys,
-                    owner_field: owner_field(&req.owner),
-                    grant_field: grant_field(&req.id),
-                    token,
-                    kind: req.kind,
-                    handed_at: None,
-                },
-                token: FencingToken::new(token),
-            },
+            AcquireReply::Granted(token) => granted(req, keys, token, None),
             AcquireReply::Busy { left, queued } => {
                 // A millisecond more, so that the hold has surely expired when we look again.
                 let left = left.map(|d| d + Duration::from_millis(1));
@@ -519,7 +513,7 @@ impl Backend for RedisBackend {
     }
 
     /// Names this client's waiters of the lock, so that the release can hand it to the
-    /// head of the queue if that is one of them (see [`crate::handoff`]).
+    /// head of the queue if that is one of them (see the `handoff` module).
     async fn release(&self, hold: &RedisHold) -> Result<Release, LockError> {
         let mut call = release_hold_call(hold);
         if hold.kind == HoldKind::Exclusive && self.replica_ack.is_none() {

@@ -17,8 +17,8 @@ pub struct RedisHold {
     pub(crate) grant_field: String,
     pub(crate) token: u64,
     pub(crate) kind: HoldKind,
-    /// When the release that handed this hold to its waiter was sent (see
-    /// [`crate::handoff`]); `None` for a hold its own acquire was granted.
+    /// When the release that handed this hold to its waiter was sent (see the
+    /// `handoff` module); `None` for a hold its own acquire was granted.
     pub(crate) handed_at: Option<tokio::time::Instant>,
 }
 

@@ -6,11 +6,12 @@ mod support;
 use std::time::Duration;
 
 use dlock_conformance::properties::eventually;
-use dlock_core::{LockName, LockOptions, Locker};
+use dlock_core::{Lease, LockName, LockOptions, Locker};
 use dlock_redis::scripts::{scripts, AcquireReply, Invocation};
 use dlock_redis::{KeyLayout, LockKeys};
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
-use support::monitor::{client_commands, Monitor};
+use support::monitor::{client_commands, Monitor, Sent};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Queues a place for `place` the way a fair waiter's attempt does, for a waiter that
@@ -27,6 +28,17 @@ async fn queue_dead_waiter(server: &RedisServer, keys: &LockKeys, place: &str, t
         .arg("2")
         .arg(&keys.wake_prefix);
     AcquireReply::parse(call.run(&mut conn).await.unwrap()).unwrap()
+}
+
+/// Releases `held` and waits for the waiters' `tasks`, each granted in turn: what was
+/// sent to the server meanwhile.
+async fn release_to_waiters(server: &RedisServer, held: Lease, tasks: Vec<JoinHandle<()>>) -> Vec<Sent> {
+    let mut monitor = Monitor::start(server).await;
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(5), task).await.expect("every waiter is granted in turn").unwrap();
+    }
+    monitor.collect().await
 }
 
 fn keys(name: &LockName) -> LockKeys {
@@ -56,12 +68,7 @@ async fn a_release_wakes_the_head_of_the_queue_alone() {
         })
         .await;
     }
-    let mut monitor = Monitor::start(&server).await;
-    held.release().await.unwrap();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(5), task).await.expect("every waiter is granted in turn").unwrap();
-    }
-    let sent = monitor.collect().await;
+    let sent = release_to_waiters(&server, held, tasks).await;
 
     let publishes: Vec<&str> =
         sent.iter().filter(|s| s.source == "lua" && s.command() == "publish").map(|s| s.args[1].as_str()).collect();
@@ -197,12 +204,7 @@ async fn a_release_hands_the_lock_to_a_waiter_of_its_own_client_in_one_call() {
         })
         .await;
     }
-    let mut monitor = Monitor::start(&server).await;
-    held.release().await.unwrap();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(5), task).await.expect("every waiter is granted in turn").unwrap();
-    }
-    let sent = monitor.collect().await;
+    let sent = release_to_waiters(&server, held, tasks).await;
 
     let mut order = Vec::new();
     let mut last = first;
