@@ -102,8 +102,19 @@ pub async fn waiter_wakes_on_release(f: &dyn Fixture) {
 }
 
 /// Grants follow request order exactly when fairness is asked for (or the acquire fails
-/// with `Unsupported` on a backend that does not claim FIFO).
+/// with `Unsupported` on a backend that does not claim FIFO), each waiter on a client of
+/// its own.
 pub async fn fair_grants_follow_request_order(f: &dyn Fixture) {
+    fair_order(f, false).await
+}
+
+/// The same, with every waiter a task of the holder's one client: hand-offs inside a
+/// client keep the queue's order, and each grant's token is above the one before.
+pub async fn fair_order_holds_within_one_client(f: &dyn Fixture) {
+    fair_order(f, true).await
+}
+
+async fn fair_order(f: &dyn Fixture, one_client: bool) {
     let margin = f.timing().margin;
     let holder = f.client().await;
     let name = unique_name("fair");
@@ -115,25 +126,26 @@ pub async fn fair_grants_follow_request_order(f: &dyn Fixture) {
     let held = holder.acquire(&name, &opts).await.expect("acquire");
 
     const WAITERS: usize = 5;
-    let order = Arc::new(Mutex::new(Vec::new()));
+    let order = Arc::new(Mutex::new(vec![(usize::MAX, held.token())]));
     let mut tasks = Vec::new();
     for i in 0..WAITERS {
-        let client = f.client().await;
+        let client = if one_client { holder.clone() } else { f.client().await };
         let (queued_name, opts, order) = (name.clone(), opts.clone(), order.clone());
         let c = client.clone();
         tasks.push(tokio::spawn(async move {
             let lease = c.acquire(&queued_name, &opts).await.expect("a queued waiter gets the lock");
-            order.lock().unwrap().push(i);
+            order.lock().unwrap().push((i, lease.token()));
             lease.release().await.expect("release");
         }));
         // Queue them one by one so the request order is known.
+        let waiting = if one_client { i as u64 + 1 } else { 1 };
         eventually("the waiter is queued", margin, || async {
             let queued = if client.capabilities().queue_length {
                 holder.inspect(&name).await.map(|info| info.waiters == Some(i + 1)).unwrap_or(false)
             } else {
                 true
             };
-            queued && client.stats().waiting == 1
+            queued && client.stats().waiting == waiting
         })
         .await;
     }
@@ -141,5 +153,10 @@ pub async fn fair_grants_follow_request_order(f: &dyn Fixture) {
     for task in tasks {
         task.await.expect("waiter");
     }
-    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>(), "grants out of request order");
+    let order = order.lock().unwrap();
+    let waiters: Vec<usize> = order[1..].iter().map(|&(i, _)| i).collect();
+    assert_eq!(waiters, (0..WAITERS).collect::<Vec<_>>(), "grants out of request order");
+    for pair in order.windows(2) {
+        assert!(pair[1].1 > pair[0].1, "a later grant's token is not above the one before: {order:?}");
+    }
 }

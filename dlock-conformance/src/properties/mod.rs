@@ -116,6 +116,7 @@ macro_rules! for_each_case {
             wait_bound_times_out: Clients,
             waiter_wakes_on_release: Clients,
             fair_grants_follow_request_order: Clients,
+            fair_order_holds_within_one_client: Clients,
             stale_lease_cannot_release_or_extend: Evict,
             vanished_holder_frees_within_ttl: Faults,
             watchdog_keeps_lock: Clients,
