@@ -68,8 +68,10 @@ impl PeerGate {
     /// Refuses connections from the member `sender` (an etcd member id in hex), closing
     /// the ones it has open.
     pub fn refuse(&self, sender: &str) {
-        lock_unpoisoned(&self.state.refused).insert(sender.to_string());
+        // Under the lock a new connection registers under (see `serve`), so that no
+        // connection can pass the check before this and register after the closing.
         let open = lock_unpoisoned(&self.state.open);
+        lock_unpoisoned(&self.state.refused).insert(sender.to_string());
         for (_, from, stream) in open.iter() {
             if from == sender {
                 let _ = stream.shutdown(Shutdown::Both);
@@ -98,28 +100,44 @@ fn serve(mut inbound: TcpStream, target: SocketAddr, state: &State) -> io::Resul
     inbound.set_read_timeout(Some(Duration::from_secs(5)))?;
     let head = read_head(&mut inbound)?;
     let sender = sender_of(&head).unwrap_or_default();
-    if lock_unpoisoned(&state.refused).contains(&sender) || state.stopped.load(Ordering::SeqCst) {
-        return inbound.shutdown(Shutdown::Both);
-    }
-    inbound.set_read_timeout(None)?;
-    let mut outbound = TcpStream::connect_timeout(&target, Duration::from_secs(1))?;
-    outbound.write_all(&head)?;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     {
+        // Checked and registered in one step: a refusal either comes first and this
+        // connection is closed here, or comes after and closes it with the others.
         let mut open = lock_unpoisoned(&state.open);
+        if lock_unpoisoned(&state.refused).contains(&sender) || state.stopped.load(Ordering::SeqCst) {
+            return inbound.shutdown(Shutdown::Both);
+        }
         open.push((id, sender.clone(), inbound.try_clone()?));
-        open.push((id, sender, outbound.try_clone()?));
     }
+    let relayed = relay(&inbound, &head, target, (id, &sender), state);
+    let _ = inbound.shutdown(Shutdown::Both);
+    lock_unpoisoned(&state.open).retain(|(open, _, _)| *open != id);
+    relayed
+}
+
+/// Copies the registered connection `inbound` to and from a new connection to `target`
+/// until either side closes. A refusal that came after the registration has shut
+/// `inbound`, so the copies end at once and close the outbound side too.
+fn relay(
+    inbound: &TcpStream,
+    head: &[u8],
+    target: SocketAddr,
+    (id, sender): (u64, &str),
+    state: &State,
+) -> io::Result<()> {
+    inbound.set_read_timeout(None)?;
+    let mut outbound = TcpStream::connect_timeout(&target, Duration::from_secs(1))?;
+    lock_unpoisoned(&state.open).push((id, sender.to_string(), outbound.try_clone()?));
+    outbound.write_all(head)?;
     let (mut from_peer, mut to_member) = (inbound.try_clone()?, outbound.try_clone()?);
     let upstream = thread::Builder::new().name("peer-gate-up".into()).spawn(move || {
         let _ = io::copy(&mut from_peer, &mut to_member);
         let _ = to_member.shutdown(Shutdown::Write);
     })?;
-    let _ = io::copy(&mut outbound, &mut inbound);
-    let _ = inbound.shutdown(Shutdown::Both);
+    let _ = io::copy(&mut outbound, &mut inbound.try_clone()?);
     let _ = outbound.shutdown(Shutdown::Both);
     let _ = upstream.join();
-    lock_unpoisoned(&state.open).retain(|(open, _, _)| *open != id);
     Ok(())
 }
 
@@ -150,7 +168,53 @@ fn sender_of(head: &[u8]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::sender_of;
+    use std::io::{ErrorKind, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::thread;
+    use std::time::Duration;
+
+    use super::{sender_of, PeerGate};
+
+    /// Connections from one sender opened while it is being refused: each one is either
+    /// refused at its start or closed with the others, never left through.
+    #[test]
+    fn no_connection_slips_past_a_refusal() {
+        let member = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = member.local_addr().unwrap();
+        // The member keeps every connection open and answers nothing.
+        thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in member.incoming().flatten() {
+                held.push(conn);
+            }
+        });
+        for round in 0..200 {
+            let gate = PeerGate::start(target).unwrap();
+            let sender = format!("m{round}");
+            let dialers: Vec<_> = (0..4)
+                .map(|_| {
+                    let (addr, sender) = (gate.addr(), sender.clone());
+                    thread::spawn(move || {
+                        let mut conn = TcpStream::connect(addr).unwrap();
+                        let head = format!("GET /raft/stream/message/1 HTTP/1.1\r\nX-Server-From: {sender}\r\n\r\n");
+                        conn.write_all(head.as_bytes()).unwrap();
+                        conn
+                    })
+                })
+                .collect();
+            thread::sleep(Duration::from_micros(fastrand::u64(0..400)));
+            gate.refuse(&sender);
+            for dialer in dialers {
+                let mut conn = dialer.join().unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+                let closed = match conn.read(&mut [0u8; 16]) {
+                    Ok(n) => n == 0,
+                    Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+                };
+                assert!(closed, "round {round}: a connection from a refused sender stays open");
+            }
+        }
+    }
 
     #[test]
     fn the_sender_is_read_from_the_first_request_only() {
