@@ -4,6 +4,11 @@
 //! here, without a wake-up message and without an acquire call of its own: a hand-off
 //! between two tasks of one client costs the release's one round trip.
 //!
+//! A release whose reply was lost (an error, or a reply to its second sending, which
+//! finds the lock gone) wakes every named waiter to look again with an acquire, which
+//! answers a grant made for its request: else the waiter handed the lock would find out
+//! only at its next place refresh, and the lock would idle until then.
+//!
 //! A waiter that gives up while registered gives back whatever grant its request may have
 //! (the give-back script), since a release may have handed it the lock meanwhile. A
 //! grant handed to a waiter that got it by its own acquire already (the acquire answers a
@@ -72,6 +77,14 @@ impl LocalWaiters {
             call = call.arg(&waiter.place).arg(&waiter.owner_field).arg(&waiter.grant_field).arg(waiter.ttl_ms);
         }
         call
+    }
+
+    /// Wakes every waiter of the lock whose hold key is `hold_key` to look again: a
+    /// release that named them ended without telling whom it handed the lock to (its
+    /// reply was lost), so one of them may hold a grant that nobody hands it.
+    pub(crate) fn wake_all(&self, hold_key: &str) {
+        let by_lock = lock_unpoisoned(&self.by_lock);
+        by_lock.get(hold_key).into_iter().flatten().for_each(|waiter| waiter.notify.notify_one());
     }
 
     /// Hands the grant of `token`, made by a release sent at `sent`, to the waiter of

@@ -6,9 +6,11 @@ mod support;
 use std::time::Duration;
 
 use dlock_conformance::properties::eventually;
-use dlock_core::{Lease, LockName, LockOptions, Locker};
+use dlock_core::wire::Fault;
+use dlock_core::{Lease, LockError, LockName, LockOptions, Locker};
 use dlock_redis::scripts::{scripts, AcquireReply, Invocation};
 use dlock_redis::{KeyLayout, LockKeys};
+use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
 use support::monitor::{client_commands, Monitor, Sent};
 use tokio::task::JoinHandle;
@@ -260,4 +262,48 @@ async fn a_waiter_giving_up_as_its_client_hands_it_the_lock_leaves_it_free() {
         }
         assert_eq!(locker.inspect(&name).await.unwrap().waiters, Some(0), "round {round}");
     }
+}
+
+/// A release that handed the lock to a waiter of its own client but whose reply was lost
+/// cannot tell the waiter; the waiter still goes on at once (it looks again), rather than
+/// at its next place refresh, a third of its ttl later, with the lock idle until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_handed_the_lock_by_a_release_whose_reply_was_lost_goes_on_at_once() {
+    let server = RedisServer::start(&ServerConfig::default()).unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let locker = dlock_redis::connect(support::client_config(proxy.addr())).await.unwrap();
+    let observer = dlock_redis::connect(support::client_config(server.addr())).await.unwrap();
+    let name = LockName::new("fair/lost-hand-off").unwrap();
+    // Places are refreshed every 10 s with a 30 s ttl: far beyond what this test waits.
+    let opts = LockOptions::watchdog(Duration::from_secs(30)).fair(true).wait(Duration::from_secs(20));
+    let held = locker.acquire(&name, &opts).await.unwrap();
+    let held_token = held.token();
+    let waiter = {
+        let (waiting, name, opts) = (locker.clone(), name.clone(), opts.clone());
+        tokio::spawn(async move { waiting.acquire(&name, &opts).await })
+    };
+    eventually("the waiter queues", Duration::from_secs(5), || async {
+        locker.stats().waiting == 1 && observer.inspect(&name).await.unwrap().waiters == Some(1)
+    })
+    .await;
+
+    proxy.set_fault(Fault::DropReplies);
+    let releasing = tokio::spawn(async move { held.release().await });
+    eventually("the release hands the lock on", Duration::from_secs(5), || async {
+        observer.inspect(&name).await.unwrap().holder.is_some_and(|h| h.token > held_token)
+    })
+    .await;
+    let handed = observer.inspect(&name).await.unwrap().holder.unwrap().token;
+    proxy.set_fault(Fault::None);
+    let released = releasing.await.unwrap();
+    assert!(matches!(released, Ok(()) | Err(LockError::Unavailable { .. })), "{released:?}");
+
+    let lease = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the waiter handed the lock goes on at once")
+        .unwrap()
+        .expect("the waiter is granted");
+    assert_eq!(lease.token(), handed, "the waiter holds the grant the release made");
+    lease.release().await.unwrap();
+    assert!(observer.inspect(&name).await.unwrap().holder.is_none());
 }
