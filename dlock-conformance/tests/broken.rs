@@ -35,6 +35,9 @@ enum Flaw {
     OnePermitTooMany,
     /// Grants permits one holder at a time, as if they were a mutex.
     PermitsExclude,
+    /// Hands a lock from one task of a client to another that queued behind it without a
+    /// fresh token: the waiter reports the token of the task it queued behind.
+    LocalHandOffKeepsToken,
 }
 
 struct Broken {
@@ -43,6 +46,10 @@ struct Broken {
     flaw: Flaw,
     /// Where the flawed store keeps results, shared by the fixture's clients.
     results: Arc<Mutex<HashMap<LockName, StoredResult>>>,
+    /// This client's live grants, by lock, with the token each reported.
+    mine: Mutex<HashMap<LockName, FencingToken>>,
+    /// Requests that found a task of this client holding their lock, with its token.
+    behind: Mutex<HashMap<String, FencingToken>>,
 }
 
 struct BrokenHold {
@@ -82,10 +89,23 @@ impl Backend for Broken {
         let req = &req;
         Ok(match self.inner.attempt(req, ticket).await? {
             Attempt::Granted { hold, token } => {
-                let token = if self.flaw == Flaw::ConstantToken { FencingToken::new(1) } else { token };
+                let token = match self.flaw {
+                    Flaw::ConstantToken => FencingToken::new(1),
+                    Flaw::LocalHandOffKeepsToken => {
+                        let token = self.behind.lock().unwrap().remove(req.id.as_str()).unwrap_or(token);
+                        self.mine.lock().unwrap().insert(req.name.clone(), token);
+                        token
+                    }
+                    _ => token,
+                };
                 Attempt::Granted { hold: BrokenHold { inner: hold, name: req.name.clone() }, token }
             }
-            Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
+            Attempt::Busy { retry_after } => {
+                if let Some(&held) = self.mine.lock().unwrap().get(&req.name) {
+                    self.behind.lock().unwrap().entry(req.id.as_str().to_string()).or_insert(held);
+                }
+                Attempt::Busy { retry_after }
+            }
         })
     }
 
@@ -128,6 +148,7 @@ impl Backend for Broken {
             self.store.evict(&hold.name);
             return Ok(Release::Released);
         }
+        self.mine.lock().unwrap().remove(&hold.name);
         self.inner.release(&hold.inner).await
     }
 
@@ -167,7 +188,7 @@ struct BrokenFixture {
 impl BrokenFixture {
     fn client_of(&self, inner: MemoryBackend) -> Arc<dyn Locker> {
         let (store, flaw, results) = (self.sound.store().clone(), self.flaw, self.results.clone());
-        let backend = Broken { inner, store, flaw, results };
+        let backend = Broken { inner, store, flaw, results, mine: Mutex::default(), behind: Mutex::default() };
         Arc::new(Client::with_config(backend, ClientConfig { op_timeout: Duration::from_secs(1) }))
     }
 }
@@ -231,8 +252,11 @@ async fn passes(fixture: Box<dyn FullFixture>, case: Case) -> bool {
 async fn assert_caught(flaw: Flaw, case_name: &str) {
     let case = case(case_name);
     assert!(passes(Box::new(MemoryFixture::new()), case).await, "the sound backend must pass {case_name}");
-    let broken = BrokenFixture { sound: MemoryFixture::new(), flaw, results: Arc::default() };
-    assert!(!passes(Box::new(broken), case).await, "{case_name} did not catch a backend with {flaw:?}");
+    assert!(!passes(broken(flaw), case).await, "{case_name} did not catch a backend with {flaw:?}");
+}
+
+fn broken(flaw: Flaw) -> Box<dyn FullFixture> {
+    Box::new(BrokenFixture { sound: MemoryFixture::new(), flaw, results: Arc::default() })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,4 +302,12 @@ async fn catches_a_permit_too_many() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catches_permits_that_exclude_each_other() {
     assert_caught(Flaw::PermitsExclude, "semaphore_admits_at_most_n").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_a_hand_off_inside_a_client_that_keeps_the_token() {
+    assert_caught(Flaw::LocalHandOffKeepsToken, "fair_order_holds_within_one_client").await;
+    // Waiters on clients of their own never queue behind a task of their client.
+    let across = case("fair_grants_follow_request_order");
+    assert!(passes(broken(Flaw::LocalHandOffKeepsToken), across).await, "the flaw lies inside one client only");
 }
