@@ -117,8 +117,7 @@ fn serve(mut inbound: TcpStream, target: SocketAddr, state: &State) -> io::Resul
 }
 
 /// Copies the registered connection `inbound` to and from a new connection to `target`
-/// until either side closes. A refusal that came after the registration has shut
-/// `inbound`, so the copies end at once and close the outbound side too.
+/// until either side closes (a refusal shuts both).
 fn relay(
     inbound: &TcpStream,
     head: &[u8],
@@ -128,7 +127,14 @@ fn relay(
 ) -> io::Result<()> {
     inbound.set_read_timeout(None)?;
     let mut outbound = TcpStream::connect_timeout(&target, Duration::from_secs(1))?;
-    lock_unpoisoned(&state.open).push((id, sender.to_string(), outbound.try_clone()?));
+    {
+        // A refusal since `inbound` registered closed it, but not this new side.
+        let mut open = lock_unpoisoned(&state.open);
+        if lock_unpoisoned(&state.refused).contains(sender) {
+            return outbound.shutdown(Shutdown::Both);
+        }
+        open.push((id, sender.to_string(), outbound.try_clone()?));
+    }
     outbound.write_all(head)?;
     let (mut from_peer, mut to_member) = (inbound.try_clone()?, outbound.try_clone()?);
     let upstream = thread::Builder::new().name("peer-gate-up".into()).spawn(move || {
