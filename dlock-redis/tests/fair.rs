@@ -298,7 +298,7 @@ async fn a_waiter_handed_the_lock_by_a_release_whose_reply_was_lost_goes_on_at_o
     let released = releasing.await.unwrap();
     assert!(matches!(released, Ok(()) | Err(LockError::Unavailable { .. })), "{released:?}");
 
-    let lease = tokio::time::timeout(Duration::from_secs(3), waiter)
+    let lease = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the waiter handed the lock goes on at once")
         .unwrap()
