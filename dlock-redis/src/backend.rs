@@ -516,22 +516,23 @@ impl Backend for RedisBackend {
     /// head of the queue if that is one of them (see the `handoff` module).
     async fn release(&self, hold: &RedisHold) -> Result<Release, LockError> {
         let mut call = release_hold_call(hold);
-        let named = hold.kind == HoldKind::Exclusive && self.replica_ack.is_none();
-        if named {
+        let mut unsettled = None;
+        if hold.kind == HoldKind::Exclusive && self.replica_ack.is_none() {
             call = self.local.name_waiters(&hold.keys.hold, call);
+            unsettled = Some(self.local.unsettled(&hold.keys.hold));
         }
         let sent = tokio::time::Instant::now();
-        let outcome = call.run_again_if_broken(&mut self.conn.clone()).await;
-        let reply = outcome
-            .map_err(to_lock_error)
-            .and_then(|(reply, sent_twice)| Ok((ReleaseReply::parse(reply).map_err(to_lock_error)?, sent_twice)));
-        match &reply {
-            Ok((ReleaseReply::HandedOn { place, token }, _)) => self.local.hand(&hold.keys.hold, place, *token, sent),
-            Ok((_, false)) => {}
-            Ok((_, true)) | Err(_) if named => self.local.wake_all(&hold.keys.hold),
-            _ => {}
+        let (reply, sent_twice) = call.run_again_if_broken(&mut self.conn.clone()).await.map_err(to_lock_error)?;
+        let reply = ReleaseReply::parse(reply).map_err(to_lock_error)?;
+        if let ReleaseReply::HandedOn { place, token } = &reply {
+            self.local.hand(&hold.keys.hold, place, *token, sent);
         }
-        let (reply, sent_twice) = reply?;
+        // A reply to a second sending cannot tell what the first one did.
+        if !sent_twice || matches!(reply, ReleaseReply::HandedOn { .. }) {
+            if let Some(unsettled) = unsettled {
+                unsettled.settle();
+            }
+        }
         Ok(if reply.released(sent_twice) { Release::Released } else { Release::NotHeld })
     }
 

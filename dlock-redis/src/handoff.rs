@@ -4,10 +4,11 @@
 //! here, without a wake-up message and without an acquire call of its own: a hand-off
 //! between two tasks of one client costs the release's one round trip.
 //!
-//! A release whose reply was lost (an error, or a reply to its second sending, which
-//! finds the lock gone) wakes every named waiter to look again with an acquire, which
-//! answers a grant made for its request: else the waiter handed the lock would find out
-//! only at its next place refresh, and the lock would idle until then.
+//! A release whose reply was lost (an error, a reply to its second sending, which finds
+//! the lock gone, or a call given up by a timeout or its caller) wakes every named waiter
+//! to look again with an acquire, which answers a grant made for its request: else the
+//! waiter handed the lock would find out only at its next place refresh, and the lock
+//! would idle until then.
 //!
 //! A waiter that gives up while registered gives back whatever grant its request may have
 //! (the give-back script), since a release may have handed it the lock meanwhile. A
@@ -27,10 +28,13 @@ use crate::scripts::Invocation;
 /// The most waiters one release names.
 const MAX_NAMED: usize = 16;
 
+/// Each lock's registered waiters, by the lock's hold key.
+type ByLock = Arc<Mutex<HashMap<String, Vec<Arc<Waiter>>>>>;
+
 /// This client's waiters that queue for a lock, by the lock's hold key.
 #[derive(Debug, Default)]
 pub(crate) struct LocalWaiters {
-    by_lock: Arc<Mutex<HashMap<String, Vec<Arc<Waiter>>>>>,
+    by_lock: ByLock,
 }
 
 /// One waiting request, as a release names it, and the grant a release handed it.
@@ -48,7 +52,7 @@ pub(crate) struct Waiter {
 /// A waiter's registration; dropping it takes the waiter out.
 #[derive(Debug)]
 pub(crate) struct Entry {
-    by_lock: Arc<Mutex<HashMap<String, Vec<Arc<Waiter>>>>>,
+    by_lock: ByLock,
     hold_key: String,
     waiter: Arc<Waiter>,
 }
@@ -79,12 +83,14 @@ impl LocalWaiters {
         call
     }
 
-    /// Wakes every waiter of the lock whose hold key is `hold_key` to look again: a
-    /// release that named them ended without telling whom it handed the lock to (its
-    /// reply was lost), so one of them may hold a grant that nobody hands it.
-    pub(crate) fn wake_all(&self, hold_key: &str) {
-        let by_lock = lock_unpoisoned(&self.by_lock);
-        by_lock.get(hold_key).into_iter().flatten().for_each(|waiter| waiter.notify.notify_one());
+    /// A guard over a release of the lock whose hold key is `hold_key` that names this
+    /// client's waiters: unless [settled](Unsettled::settle), which the release does once
+    /// a reply told it whom the lock went to, dropping it wakes every waiter of that lock
+    /// to look again. A release whose reply was lost (an error, a second sending that
+    /// found the lock gone, or the call given up by a timeout or its caller) may have
+    /// handed one of them a grant that nobody will hand it.
+    pub(crate) fn unsettled(&self, hold_key: &str) -> Unsettled {
+        Unsettled { by_lock: Some(self.by_lock.clone()), hold_key: hold_key.to_string() }
     }
 
     /// Hands the grant of `token`, made by a release sent at `sent`, to the waiter of
@@ -94,6 +100,30 @@ impl LocalWaiters {
         if let Some(waiter) = by_lock.get(hold_key).into_iter().flatten().find(|w| w.place == place) {
             *lock_unpoisoned(&waiter.handed) = Some((token, sent));
             waiter.notify.notify_one();
+        }
+    }
+}
+
+/// See [`LocalWaiters::unsettled`].
+#[derive(Debug)]
+pub(crate) struct Unsettled {
+    /// `None` once settled.
+    by_lock: Option<ByLock>,
+    hold_key: String,
+}
+
+impl Unsettled {
+    /// The release learnt where the lock went: nobody needs waking.
+    pub(crate) fn settle(mut self) {
+        self.by_lock = None;
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        if let Some(by_lock) = self.by_lock.take() {
+            let by_lock = lock_unpoisoned(&by_lock);
+            by_lock.get(&self.hold_key).into_iter().flatten().for_each(|waiter| waiter.notify.notify_one());
         }
     }
 }

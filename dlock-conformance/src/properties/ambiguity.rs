@@ -181,6 +181,54 @@ pub async fn release_whose_reply_was_lost_is_applied_once(f: &dyn Faults) {
     free_within(&other, &name, soon(f), "after the last hold was released").await;
 }
 
+/// A release whose reply was lost does not leave the lock idle under a waiter of the same
+/// client: the waiter, fair where the backend is FIFO, either gets the lock or fails and
+/// leaves it free, soon after the link heals. A waiter that a lost reply left unaware of
+/// its grant until a timed look (a place refresh, a poll bounded by the ttl) fails here.
+pub async fn waiter_goes_on_after_a_release_whose_reply_was_lost(f: &dyn Faults) {
+    let faulty = f.faulty_client().await;
+    let other = f.client().await;
+    let name = unique_name("lost-release-waiter");
+    // Long enough that a timed look, a third of the ttl or more away, misses the bound.
+    let ttl = sturdy_ttl(f).max(Duration::from_secs(60));
+    let fair = faulty.locker.capabilities().fifo;
+    let opts = LockOptions::watchdog(ttl).fair(fair).wait(ttl);
+    let held = faulty.locker.acquire(&name, &opts).await.expect("acquire");
+    let waiter = {
+        let (locker, name, opts) = (faulty.locker.clone(), name.clone(), opts.clone());
+        tokio::spawn(async move { locker.acquire(&name, &opts).await })
+    };
+    let locker = faulty.locker.clone();
+    eventually("the waiter waits", f.timing().margin, move || {
+        let locker = locker.clone();
+        async move { locker.stats().waiting == 1 }
+    })
+    .await;
+
+    faulty.link.set(Fault::DropReplies);
+    let released = held.release().await;
+    faulty.link.restore();
+    assert!(
+        matches!(released, Ok(()) | Err(LockError::Unavailable { .. })),
+        "a release whose reply was dropped: {released:?}"
+    );
+    let within = soon(f);
+    match tokio::time::timeout(within, waiter).await {
+        Err(_) => {
+            panic!("the waiter neither got the lock nor gave up within {within:?} of a release whose reply was lost")
+        }
+        Ok(waited) => match waited.expect("the waiter's task") {
+            Ok(lease) => {
+                let _ = lease.release().await;
+            }
+            Err(LockError::Unavailable { .. }) => {}
+            Err(err) => panic!("the waiter failed with {err}"),
+        },
+    }
+    settled(&faulty.locker, within).await;
+    free_within(&other, &name, within, "after the waiter of a release whose reply was lost").await;
+}
+
 /// An extension whose reply was lost neither shortens nor revokes the hold: the lease
 /// stays valid, and nobody else gets the lock before the hold's original end.
 pub async fn extend_whose_reply_was_lost_keeps_the_hold(f: &dyn Faults) {

@@ -136,6 +136,7 @@ macro_rules! for_each_case {
             backend_restart: Restart,
             acquire_whose_reply_was_lost_leaves_no_hold: Faults,
             release_whose_reply_was_lost_is_applied_once: Faults,
+            waiter_goes_on_after_a_release_whose_reply_was_lost: Faults,
             extend_whose_reply_was_lost_keeps_the_hold: Faults,
             renewal_that_hangs_is_retried_within_validity: Faults,
             holder_learns_first_under_one_way_partitions: Faults,
