@@ -3,10 +3,12 @@
 //! each other pair by pair although they all live on 127.0.0.1.
 //!
 //! etcd's peer transport names the sending member in an `X-Server-From` header on every
-//! request, and a connection only ever carries one sender's requests, so the gate reads
-//! the first request's headers, decides, and then copies bytes both ways untouched.
-//! Refusing a sender also closes the connections it already has open. A connection that
-//! names no sender (a probe) is let through.
+//! request but its probes, and a connection only ever carries one sender's requests, so
+//! the gate reads the first request's headers, decides, and then copies bytes both ways
+//! untouched. A connection whose first request names no sender (a probe) is let through,
+//! but watched: the transport keeps connections alive and sends messages over one a probe
+//! opened, so the first sender a later request names decides for the connection then.
+//! Refusing a sender also closes the connections it already has open.
 
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
@@ -54,7 +56,7 @@ impl PeerGate {
                 let Ok(conn) = conn else { continue };
                 let state = accepting.clone();
                 // A connection that fails to set up is simply closed, as a refused one.
-                let _ = thread::Builder::new().name("peer-gate-conn".into()).spawn(move || serve(conn, target, &state));
+                let _ = thread::Builder::new().name("peer-gate-conn".into()).spawn(move || serve(conn, target, state));
             }
         })?;
         Ok(PeerGate { addr, state })
@@ -68,8 +70,8 @@ impl PeerGate {
     /// Refuses connections from the member `sender` (an etcd member id in hex), closing
     /// the ones it has open.
     pub fn refuse(&self, sender: &str) {
-        // Under the lock a new connection registers under (see `serve`), so that no
-        // connection can pass the check before this and register after the closing.
+        // Under the lock a new connection registers under (see `State::admit`), so that
+        // no connection can pass the check before this and register after the closing.
         let open = lock_unpoisoned(&self.state.open);
         lock_unpoisoned(&self.state.refused).insert(sender.to_string());
         for (_, from, stream) in open.iter() {
@@ -96,21 +98,41 @@ impl Drop for PeerGate {
     }
 }
 
-fn serve(mut inbound: TcpStream, target: SocketAddr, state: &State) -> io::Result<()> {
+impl State {
+    /// Registers `stream`, one side of connection `id` from `sender`, among the open ones,
+    /// unless the sender is refused or the gate stopped. Checked and registered in one
+    /// step, under the lock `refuse` closes connections under: a refusal either comes
+    /// first and this answers false, or comes after and closes the stream with the others.
+    fn admit(&self, id: u64, sender: &str, stream: &TcpStream) -> io::Result<bool> {
+        let mut open = lock_unpoisoned(&self.open);
+        if lock_unpoisoned(&self.refused).contains(sender) || self.stopped.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        open.push((id, sender.to_string(), stream.try_clone()?));
+        Ok(true)
+    }
+
+    /// Names `sender` as the sender of connection `id`, admitted unnamed: false (and
+    /// nothing changed) when the sender is refused, so that the caller closes it.
+    fn name(&self, id: u64, sender: &str) -> bool {
+        let mut open = lock_unpoisoned(&self.open);
+        if lock_unpoisoned(&self.refused).contains(sender) {
+            return false;
+        }
+        open.iter_mut().filter(|(open, _, _)| *open == id).for_each(|(_, from, _)| *from = sender.to_string());
+        true
+    }
+}
+
+fn serve(mut inbound: TcpStream, target: SocketAddr, state: Arc<State>) -> io::Result<()> {
     inbound.set_read_timeout(Some(Duration::from_secs(5)))?;
     let head = read_head(&mut inbound)?;
-    let sender = sender_of(&head).unwrap_or_default();
+    let sender = named_in(&head).unwrap_or_default();
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    {
-        // Checked and registered in one step: a refusal either comes first and this
-        // connection is closed here, or comes after and closes it with the others.
-        let mut open = lock_unpoisoned(&state.open);
-        if lock_unpoisoned(&state.refused).contains(&sender) || state.stopped.load(Ordering::SeqCst) {
-            return inbound.shutdown(Shutdown::Both);
-        }
-        open.push((id, sender.clone(), inbound.try_clone()?));
+    if !state.admit(id, &sender, &inbound)? {
+        return inbound.shutdown(Shutdown::Both);
     }
-    let relayed = relay(&inbound, &head, target, (id, &sender), state);
+    let relayed = relay(&inbound, &head, target, (id, &sender), &state);
     let _ = inbound.shutdown(Shutdown::Both);
     lock_unpoisoned(&state.open).retain(|(open, _, _)| *open != id);
     relayed
@@ -123,28 +145,86 @@ fn relay(
     head: &[u8],
     target: SocketAddr,
     (id, sender): (u64, &str),
-    state: &State,
+    state: &Arc<State>,
 ) -> io::Result<()> {
     inbound.set_read_timeout(None)?;
     let mut outbound = TcpStream::connect_timeout(&target, Duration::from_secs(1))?;
-    {
-        // A refusal since `inbound` registered closed it, but not this new side.
-        let mut open = lock_unpoisoned(&state.open);
-        if lock_unpoisoned(&state.refused).contains(sender) {
-            return outbound.shutdown(Shutdown::Both);
-        }
-        open.push((id, sender.to_string(), outbound.try_clone()?));
+    // A refusal since `inbound` was admitted closed it, but not this new side.
+    if !state.admit(id, sender, &outbound)? {
+        return outbound.shutdown(Shutdown::Both);
     }
-    outbound.write_all(head)?;
     let (mut from_peer, mut to_member) = (inbound.try_clone()?, outbound.try_clone()?);
+    let (state, unnamed, head) = (state.clone(), sender.is_empty(), head.to_vec());
     let upstream = thread::Builder::new().name("peer-gate-up".into()).spawn(move || {
-        let _ = io::copy(&mut from_peer, &mut to_member);
-        let _ = to_member.shutdown(Shutdown::Write);
+        let named = if unnamed {
+            copy_until_named(&mut from_peer, &mut to_member, head, |s| state.name(id, s))
+        } else {
+            to_member.write_all(&head).map(|()| true)
+        };
+        if named.unwrap_or(false) {
+            let _ = io::copy(&mut from_peer, &mut to_member);
+            let _ = to_member.shutdown(Shutdown::Write);
+        } else {
+            let _ = from_peer.shutdown(Shutdown::Both);
+            let _ = to_member.shutdown(Shutdown::Both);
+        }
     })?;
     let _ = io::copy(&mut outbound, &mut inbound.try_clone()?);
     let _ = outbound.shutdown(Shutdown::Both);
     let _ = upstream.join();
     Ok(())
+}
+
+/// Copies `pending` and then what `from` sends to `to`, until a request names its sender
+/// in a complete `X-Server-From` line: then asks `admit` about it, and answers whether it
+/// was admitted (the request naming it is copied only then). Ok(true) too when `from`
+/// ends first.
+fn copy_until_named(
+    from: &mut TcpStream,
+    to: &mut TcpStream,
+    mut pending: Vec<u8>,
+    admit: impl Fn(&str) -> bool,
+) -> io::Result<bool> {
+    // The bytes copied already that a header line may have begun in.
+    let mut tail = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let mut seen = std::mem::take(&mut tail);
+        seen.extend_from_slice(&pending);
+        if let Some(sender) = named_in(&seen) {
+            if !admit(&sender) {
+                return Ok(false);
+            }
+            to.write_all(&pending)?;
+            return Ok(true);
+        }
+        to.write_all(&pending)?;
+        tail = seen[seen.len().saturating_sub(MAX_HEADER_LINE)..].to_vec();
+        let n = from.read(&mut buf)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        pending = buf[..n].to_vec();
+    }
+}
+
+/// The longest header line the gate looks for a sender in across reads.
+const MAX_HEADER_LINE: usize = 256;
+
+/// The value of the first complete `X-Server-From` header line anywhere in `bytes`.
+fn named_in(bytes: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut lines = text.split("\r\n").peekable();
+    while let Some(line) = lines.next() {
+        // The last piece has no line end yet: it may be cut short.
+        lines.peek()?;
+        if let Some((name, value)) = line.split_once(':') {
+            if name.trim().eq_ignore_ascii_case("x-server-from") {
+                return Some(value.trim().to_string());
+            }
+        }
+    }
+    None
 }
 
 /// Reads until the end of the first request's headers (or [`MAX_HEAD`] bytes, or the
@@ -162,16 +242,6 @@ fn read_head(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
     Ok(head)
 }
 
-/// The `X-Server-From` header's value, if the request has one.
-fn sender_of(head: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(head);
-    let end = text.find("\r\n\r\n").unwrap_or(text.len());
-    text[..end].lines().find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        name.trim().eq_ignore_ascii_case("x-server-from").then(|| value.trim().to_string())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::{ErrorKind, Read, Write};
@@ -179,7 +249,7 @@ mod tests {
     use std::thread;
     use std::time::Duration;
 
-    use super::{sender_of, PeerGate};
+    use super::{named_in, PeerGate};
 
     /// Connections from one sender opened while it is being refused: each one is either
     /// refused at its start or closed with the others, never left through.
@@ -223,9 +293,49 @@ mod tests {
     }
 
     #[test]
-    fn the_sender_is_read_from_the_first_request_only() {
-        let head = b"GET /raft/stream/message/1 HTTP/1.1\r\nHost: x\r\nx-server-from: 8e9e05c52164694d\r\n\r\nX-Server-From: other";
-        assert_eq!(sender_of(head).as_deref(), Some("8e9e05c52164694d"));
-        assert_eq!(sender_of(b"GET /health HTTP/1.1\r\n\r\n"), None);
+    fn the_sender_is_the_first_complete_header_line_naming_one() {
+        let head = b"GET /raft/stream/message/1 HTTP/1.1\r\nHost: x\r\nx-server-from: 8e9e05c52164694d\r\n\r\nX-Server-From: other\r\n";
+        assert_eq!(named_in(head).as_deref(), Some("8e9e05c52164694d"));
+        assert_eq!(named_in(b"GET /health HTTP/1.1\r\n\r\n"), None);
+        let probe_then_message = b"GET /raft/probing HTTP/1.1\r\n\r\nPOST /raft HTTP/1.1\r\nX-Server-From: 2a\r\n";
+        assert_eq!(named_in(probe_then_message).as_deref(), Some("2a"));
+        assert_eq!(named_in(b"POST /raft HTTP/1.1\r\nX-Server-From: 2a"), None, "a line cut short names nobody yet");
+    }
+
+    /// A connection opened by a probe, which names no sender, and then kept alive for a
+    /// refused sender's messages is closed before the message reaches the member.
+    #[test]
+    fn a_sender_named_after_a_probe_is_refused_too() {
+        let member = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = member.local_addr().unwrap();
+        let (received, seen) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            for mut conn in member.incoming().flatten() {
+                let received = received.clone();
+                thread::spawn(move || {
+                    let mut all = Vec::new();
+                    let _ = conn.read_to_end(&mut all);
+                    let _ = received.send(String::from_utf8_lossy(&all).to_string());
+                });
+            }
+        });
+        let gate = PeerGate::start(target).unwrap();
+        gate.refuse("m1");
+        let mut conn = TcpStream::connect(gate.addr()).unwrap();
+        conn.write_all(b"GET /raft/probing HTTP/1.1\r\n\r\n").unwrap();
+        thread::sleep(Duration::from_millis(100));
+        // The header line arrives in two pieces.
+        conn.write_all(b"POST /raft HTTP/1.1\r\nX-Server-").unwrap();
+        thread::sleep(Duration::from_millis(50));
+        conn.write_all(b"From: m1\r\nContent-Length: 0\r\n\r\n").unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let closed = match conn.read(&mut [0u8; 16]) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        };
+        assert!(closed, "the connection of a refused sender stays open");
+        let got = seen.recv_timeout(Duration::from_secs(3)).expect("the member's side closes");
+        assert!(got.starts_with("GET /raft/probing"), "{got:?}");
+        assert!(!got.contains("From: m1"), "the refused sender's message reached the member: {got:?}");
     }
 }
