@@ -106,8 +106,13 @@ pub(crate) async fn run(url: Option<String>, args: RunArgs) -> Result<ExitCode, 
 
 /// Runs `command` while `held` lasts: a lost lease stops it; its exit releases `held`.
 async fn hold_while(held: Held, command: &[String], url: &str) -> Result<ExitCode, Failure> {
-    let child = spawn(command, &held.env(url))?;
     let what = held.what();
+    // The command never starts on a lease that is lost already.
+    if let Some(reason) = held.lost_reason() {
+        let _ = held.release().await;
+        return Err(Failure::new(LOST, format!("the lease on {what} was lost ({reason}) before the command started")));
+    }
+    let child = spawn(command, &held.env(url))?;
     match supervise(child, held.lost()).await? {
         Outcome::Exited(status) => match held.release().await {
             Ok(()) => Ok(exit_code(status)),
@@ -250,6 +255,14 @@ impl Held {
             }
         }
         env
+    }
+
+    fn lost_reason(&self) -> Option<LostReason> {
+        match self {
+            Held::One(lease) => lease.lost_reason(),
+            Held::Many(lease) => lease.lost_reason(),
+            Held::Leader(leadership) => leadership.lease().lost_reason(),
+        }
     }
 
     async fn lost(&self) -> LostReason {

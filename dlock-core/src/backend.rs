@@ -18,6 +18,7 @@ use crate::info::{Capabilities, LockInfo};
 use crate::name::{LockName, OwnerId};
 use crate::options::{HoldKind, LeaseMode};
 use crate::stored::StoredResult;
+use crate::sweep::Swept;
 use crate::token::FencingToken;
 
 pub use crate::client::{Client, ClientConfig};
@@ -77,6 +78,15 @@ impl Request {
     /// never down: the client's idea of validity must end before the backend's.
     pub fn ttl(&self) -> Duration {
         self.mode.ttl()
+    }
+
+    /// How long this waiter's place in a queue (a queue entry, a waiting marker) lasts
+    /// after its last refresh: [`place_lapse`](crate::place_lapse) of the ttl, at most
+    /// [`MAX_PLACE_LAPSE`](crate::MAX_PLACE_LAPSE) whatever lease it asks for, so that a
+    /// waiter that died keeps nobody waiting for long. A backend that keeps places
+    /// refreshes them at least three times within it while the waiter waits.
+    pub fn place_lapse(&self) -> Duration {
+        crate::options::place_lapse(self.ttl())
     }
 
     /// Whether the owner is this request's own (no explicit owner was given), so a hold of
@@ -215,6 +225,30 @@ pub trait Backend: Send + Sync + 'static {
     fn granted_since(&self, hold: &Self::Hold) -> Option<Instant> {
         let _ = hold;
         None
+    }
+
+    /// Removes one bounded batch of what the backend keeps for names nobody uses any
+    /// more: results past their retention, expired holds and lapsed places, and the
+    /// token counter of a name that nobody holds, waits for or has been granted for the
+    /// backend's keep time. `more` says whether the batch bound stopped it.
+    ///
+    /// A counter may go only where the backend starts a missing counter above every
+    /// token it ever gave (from its clock in microseconds, or from a high-water mark
+    /// that the sweep raises), so that the name's next grant still gets a higher token.
+    /// The client sweeps in the background and on [`Locker::sweep`](crate::Locker::sweep);
+    /// the default has nothing to sweep, which is right for a backend whose server
+    /// expires every record by itself.
+    async fn sweep(&self) -> Result<Swept, LockError> {
+        Ok(Swept::default())
+    }
+
+    /// Which server, and which namespace on it (key prefix, table, root znode), this
+    /// backend's locks live on, without credentials: two backends with the same target
+    /// share their locks. Errors and [`MultiLock`](crate::MultiLock) use it. The default
+    /// is unique to this backend value, which is right only for a backend that shares
+    /// nothing with any other.
+    fn target(&self) -> String {
+        format!("{}@{:p}", self.name(), self)
     }
 
     /// Called once for every granted hold, for backends that learn of a loss by a push

@@ -26,6 +26,7 @@ use crate::renewal::Scheduler;
 use crate::state::{HoldOps, LeaseCore, LeaseSpec, LostSignal};
 use crate::stats::{ClientStats, InFlight, Outcome, Stats};
 use crate::stored::StoredResult;
+use crate::sweep::{self, Swept};
 use crate::token::FencingToken;
 
 /// Settings every client shares, whatever its backend.
@@ -37,12 +38,36 @@ pub struct ClientConfig {
     /// bounded by the lease's validity instead, and one left unanswered this long gets
     /// another renewal sent beside it.
     pub op_timeout: Duration,
+    /// How often the client sweeps, in the background, what the backend keeps for names
+    /// nobody uses any more (see [`Locker::sweep`]), give or take a quarter so that the
+    /// replicas of a service spread their sweeps; `None` never sweeps in the background.
+    /// The first sweep comes one period after the client's first acquire.
+    pub sweep_every: Option<Duration>,
 }
 
+/// How often a client sweeps idle names by default.
+pub const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(600);
+
 impl Default for ClientConfig {
-    /// A 5 s operation timeout.
+    /// A 5 s operation timeout; a sweep every [`DEFAULT_SWEEP_EVERY`].
     fn default() -> Self {
-        ClientConfig { op_timeout: Duration::from_secs(5) }
+        ClientConfig { op_timeout: Duration::from_secs(5), sweep_every: Some(DEFAULT_SWEEP_EVERY) }
+    }
+}
+
+impl ClientConfig {
+    /// The default settings with this operation timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_core::ClientConfig;
+    ///
+    /// let config = ClientConfig::with_op_timeout(Duration::from_secs(2));
+    /// assert_eq!(config.op_timeout, Duration::from_secs(2));
+    /// assert_eq!(config.sweep_every, ClientConfig::default().sweep_every);
+    /// ```
+    pub fn with_op_timeout(op_timeout: Duration) -> Self {
+        ClientConfig { op_timeout, ..ClientConfig::default() }
     }
 }
 
@@ -54,7 +79,7 @@ impl Default for ClientConfig {
 /// use std::time::Duration;
 ///
 /// let store = MemoryStore::new();
-/// let client = Client::with_config(store.backend(), ClientConfig { op_timeout: Duration::from_secs(1) });
+/// let client = Client::with_config(store.backend(), ClientConfig::with_op_timeout(Duration::from_secs(1)));
 /// assert_eq!(client.backend_name(), "memory");
 /// ```
 pub struct Client<B: Backend> {
@@ -84,6 +109,8 @@ struct Inner<B: Backend> {
     stats: Arc<Stats>,
     id: String,
     next_request: AtomicU64,
+    /// Whether the background sweep has been started.
+    sweeping: AtomicBool,
 }
 
 /// Lease ids are unique in the process, so that one scheduler map can never confuse two.
@@ -109,6 +136,7 @@ impl<B: Backend> Client<B> {
                 stats,
                 id: uuid::Uuid::new_v4().simple().to_string(),
                 next_request: AtomicU64::new(1),
+                sweeping: AtomicBool::new(false),
             }),
         }
     }
@@ -129,8 +157,38 @@ impl<B: Backend> Client<B> {
         &self.inner.id
     }
 
+    /// Starts the background sweep once, in the runtime of the first acquire; it ends
+    /// when the last clone of the client is dropped.
+    fn start_sweeping(&self) {
+        let Some(every) = self.inner.config.sweep_every else { return };
+        if self.inner.sweeping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.sweeping.store(false, Ordering::SeqCst);
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(sweep::next_pause(every)).await;
+                let Some(inner) = weak.upgrade() else { return };
+                match sweep::sweep_all(&inner.backend, inner.config.op_timeout).await {
+                    Ok(swept) if swept.removed > 0 => {
+                        tracing::debug!(backend = inner.backend.name(), removed = swept.removed, "swept idle names")
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::warn!(backend = inner.backend.name(), error = %err, "sweeping idle names failed")
+                    }
+                }
+            }
+        });
+    }
+
     async fn start(&self, name: &LockName, opts: &LockOptions, blocking: bool) -> AcquireResult {
         opts.validate()?;
+        self.start_sweeping();
         check_capabilities(self.inner.backend.capabilities(), opts)?;
         let id = RequestId::new(&self.inner.id, self.inner.next_request.fetch_add(1, Ordering::Relaxed));
         let owner = match opts.explicit_owner() {
@@ -495,6 +553,15 @@ impl<B: Backend> Locker for Client<B> {
 
     async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
         self.inner.timed("load_result", self.inner.backend.load_result(name)).await
+    }
+
+    async fn sweep(&self) -> Result<Swept, LockError> {
+        let span = tracing::info_span!("dlock.sweep", backend = self.inner.backend.name());
+        sweep::sweep_all(&self.inner.backend, self.inner.config.op_timeout).instrument(span).await
+    }
+
+    fn target(&self) -> String {
+        self.inner.backend.target()
     }
 
     fn capabilities(&self) -> Capabilities {

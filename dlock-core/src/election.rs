@@ -10,7 +10,7 @@ use crate::error::{LockError, LostReason};
 use crate::lease::Lease;
 use crate::locker::Locker;
 use crate::name::LockName;
-use crate::options::{LockOptions, MAX_DURATION};
+use crate::options::{HoldKind, LockOptions, MAX_DURATION};
 use crate::token::FencingToken;
 
 /// How often an [`Observer`] looks by default.
@@ -62,8 +62,14 @@ impl Leadership {
 /// [`MAX_RESULT_BYTES`](crate::MAX_RESULT_BYTES)) is what observers see.
 ///
 /// `Unsupported` on a backend without the `results` capability, where the value has
-/// nowhere to live. A candidate whose lease is lost between its grant and the store of
-/// its value gets `NotHeld` and leads nothing.
+/// nowhere to live; `InvalidInput` for options that would let two candidates lead at
+/// once (`read()`, `permits(n)`). A candidate whose lease is lost between its grant and
+/// the store of its value gets `NotHeld` and leads nothing.
+///
+/// A store whose outcome is unknown (its reply was lost) is confirmed by reading the
+/// value back, and stored again if it is not there, while the lease lasts: observers
+/// report a candidate only once its value is stored under its term, so a candidate that
+/// gives up has made sure first that its value is not stored, or has released its lease.
 ///
 /// ```
 /// use dlock_core::{campaign, memory::MemoryStore, observe, LockName, LockOptions};
@@ -90,14 +96,63 @@ pub async fn campaign<L: Locker + ?Sized>(
     value: &[u8],
     opts: &LockOptions,
 ) -> Result<Leadership, LockError> {
+    if opts.hold_kind() != HoldKind::Exclusive {
+        return Err(LockError::InvalidInput(format!(
+            "a campaign needs an exclusive lease: a {} hold would let several candidates lead at once",
+            opts.hold_kind().as_str()
+        )));
+    }
     if !locker.capabilities().results {
         return Err(LockError::Unsupported("leader election (the backend stores no values)".into()));
     }
     crate::stored::check_result(value, MAX_DURATION)?;
     let lease = locker.acquire(name, opts).await?;
+    match publish(locker, name, &lease, value).await {
+        Ok(()) => Ok(Leadership { lease }),
+        Err(err) => {
+            // Owner-checked: frees the hold if it is still there, so that no observer
+            // keeps seeing a value this candidate did not confirm.
+            let _ = lease.release().await;
+            Err(err)
+        }
+    }
+}
+
+/// Stores the candidate's value under its term. A store whose reply was lost may have
+/// been applied: the value is read back, and stored again when it is not there, until
+/// the lease runs out. `NotHeld` when the lease was lost first.
+async fn publish<L: Locker + ?Sized>(
+    locker: &L,
+    name: &LockName,
+    lease: &Lease,
+    value: &[u8],
+) -> Result<(), LockError> {
     // The value outlives any term; observers tell a stale one by its token.
-    lease.store_result(value, MAX_DURATION).await?;
-    Ok(Leadership { lease })
+    let mut last = match lease.store_result(value, MAX_DURATION).await {
+        Ok(()) => return Ok(()),
+        Err(err @ (LockError::NotHeld | LockError::InvalidInput(_) | LockError::Unsupported(_))) => return Err(err),
+        Err(err) => err,
+    };
+    let mut pause = Duration::from_millis(10);
+    while !lease.is_lost() && !lease.remaining().is_zero() {
+        match locker.load_result(name).await {
+            Ok(Some(stored)) if stored.token == lease.token() => return Ok(()),
+            Ok(Some(stored)) if stored.token > lease.token() => return Err(LockError::NotHeld),
+            Ok(_) => match lease.store_result(value, MAX_DURATION).await {
+                Ok(()) => return Ok(()),
+                Err(LockError::NotHeld) => {
+                    // Refused: either a store of ours landed after all (an equal token is
+                    // never replaced), or the hold is gone. The next look tells which.
+                    last = LockError::NotHeld;
+                }
+                Err(err) => last = err,
+            },
+            Err(err) => last = err,
+        }
+        tokio::time::sleep(pause.min(lease.remaining())).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+    Err(if lease.is_lost() { LockError::NotHeld } else { last })
 }
 
 /// Watches who leads `name`; see [`Observer`].
@@ -225,6 +280,12 @@ mod tests {
         async fn load_result(&self, _: &LockName) -> Result<Option<StoredResult>, LockError> {
             let term = *lock_unpoisoned(&self.1);
             Ok(term.map(|t| StoredResult { token: FencingToken::new(t), value: vec![t as u8] }))
+        }
+        async fn sweep(&self) -> Result<crate::Swept, LockError> {
+            Ok(crate::Swept::default())
+        }
+        fn target(&self) -> String {
+            "scripted".into()
         }
         fn capabilities(&self) -> Capabilities {
             Capabilities::ALL

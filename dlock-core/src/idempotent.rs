@@ -11,7 +11,7 @@ use crate::error::{LockError, LostReason};
 use crate::lease::{Lease, LeaseHandle};
 use crate::locker::Locker;
 use crate::name::LockName;
-use crate::options::LockOptions;
+use crate::options::{HoldKind, LockOptions};
 use crate::stored::{check_result, StoredResult, MAX_RESULT_BYTES};
 
 /// How [`idempotent`] runs: the lease the work runs under, how long its result is kept,
@@ -85,6 +85,19 @@ impl IdempotentOptions {
 
     fn validate(&self) -> Result<(), LockError> {
         self.lock.validate()?;
+        if self.lock.hold_kind() != HoldKind::Exclusive {
+            return Err(LockError::InvalidInput(format!(
+                "idempotent work needs an exclusive lease: a {} hold would let duplicates run at once",
+                self.lock.hold_kind().as_str()
+            )));
+        }
+        if self.lock.explicit_owner().is_some() {
+            return Err(LockError::InvalidInput(
+                "idempotent work takes no explicit owner: a duplicate with the same owner would re-enter the run's \
+                 hold and run the work again"
+                    .into(),
+            ));
+        }
         if self.max_bytes == 0 || self.max_bytes > MAX_RESULT_BYTES {
             return Err(LockError::InvalidInput(format!(
                 "max_bytes {} is outside 1..={MAX_RESULT_BYTES}",

@@ -83,6 +83,7 @@ mod renewal;
 mod state;
 mod stats;
 mod stored;
+mod sweep;
 #[cfg(test)]
 mod testing;
 mod token;
@@ -91,7 +92,7 @@ pub mod wire;
 
 #[cfg(feature = "bench")]
 pub use baseline::RawBaseline;
-pub use client::{Client, ClientConfig};
+pub use client::{Client, ClientConfig, DEFAULT_SWEEP_EVERY};
 pub use connect::{parse_duration, percent_decode, ConnectConfig, ConnectOptions};
 pub use election::{campaign, observe, Leader, Leadership, Observer, DEFAULT_OBSERVE_EVERY};
 pub use error::{BoxError, LockError, LostReason};
@@ -101,8 +102,12 @@ pub use lease::{Lease, LeaseHandle};
 pub use locker::{with_lock, Locker, LockerExt};
 pub use multi::{MultiLease, MultiLock};
 pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN};
-pub use options::{drift, Backoff, HoldKind, LeaseMode, LockOptions, DEFAULT_TTL, MAX_DURATION, MAX_PERMITS, MIN_TTL};
+pub use options::{
+    drift, place_lapse, Backoff, HoldKind, LeaseMode, LockOptions, DEFAULT_KEEP_IDLE, DEFAULT_TTL, MAX_DURATION,
+    MAX_PERMITS, MAX_PLACE_LAPSE, MIN_TTL,
+};
 pub use stats::ClientStats;
 pub use stored::{StoredResult, MAX_RESULT_BYTES};
+pub use sweep::Swept;
 pub use token::FencingToken;
 pub use url::{redact, BackendUrl, HostPort};

@@ -11,6 +11,7 @@ use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::stats::ClientStats;
 use crate::stored::StoredResult;
+use crate::sweep::Swept;
 
 /// A client of one lock backend. Object-safe: `Arc<dyn Locker>` is what
 /// `dlock::connect` hands out.
@@ -80,6 +81,38 @@ pub trait Locker: Send + Sync {
     /// # Ok(()) }
     /// ```
     async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError>;
+
+    /// Removes what the backend keeps for names nobody uses any more (results past their
+    /// retention, counters of names idle past the backend's keep time, lapsed holds and
+    /// places) and says how much went. The client does it in the background too, every
+    /// [`ClientConfig::sweep_every`](crate::ClientConfig::sweep_every); a sweep never lets
+    /// a name's next token fall below one already given.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_core::{memory::MemoryStore, LockName, LockOptions, Locker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let store = MemoryStore::new().keep_idle_names_for(Duration::from_millis(20));
+    /// let locker = store.client();
+    /// let name = LockName::new("reports/2026-12-04")?;
+    /// let first = locker.acquire(&name, &LockOptions::new()).await?;
+    /// let token = first.token();
+    /// first.release().await?;
+    ///
+    /// tokio::time::sleep(Duration::from_millis(50)).await;
+    /// assert_eq!(locker.sweep().await?.removed, 1);
+    /// let again = locker.acquire(&name, &LockOptions::new()).await?;
+    /// assert!(again.token() > token, "tokens never go back, even for a swept name");
+    /// # Ok(()) }
+    /// ```
+    async fn sweep(&self) -> Result<Swept, LockError>;
+
+    /// Which server, and which namespace on it, this client's locks live on, without
+    /// credentials (for example `redis://10.0.0.5:6379/0 prefix dlock`). Two clients with
+    /// the same target share their locks.
+    fn target(&self) -> String;
 
     /// What this backend can do.
     fn capabilities(&self) -> Capabilities;

@@ -7,6 +7,13 @@
 //! fencing tokens from a per-name counter that survives release, re-entrancy by owner,
 //! strict FIFO grants with wake-up by notification (no polling), expiry by ttl, renewal.
 //!
+//! What it keeps per name goes once the name is idle: a sweep ([`Locker::sweep`], or a
+//! client's background sweep) removes a name nobody holds or waits for, whose stored
+//! result has expired and which has not been used for the store's keep time
+//! ([`MemoryStore::keep_idle_names_for`], an hour by default). Its counter goes too: the
+//! store remembers the highest token it ever removed, and a name's new counter starts
+//! there, so tokens never go back.
+//!
 //! ```
 //! use std::time::Duration;
 //! use dlock_core::{memory::MemoryStore, LockName, LockOptions, Locker};
@@ -38,8 +45,9 @@ use crate::baseline::RawBaseline;
 use crate::error::{LockError, LostReason};
 use crate::info::{Capabilities, Holder, LockInfo};
 use crate::name::{LockName, OwnerId};
-use crate::options::HoldKind;
+use crate::options::{HoldKind, DEFAULT_KEEP_IDLE};
 use crate::stored::StoredResult;
+use crate::sweep::Swept;
 use crate::token::FencingToken;
 pub use crate::wire::Fault;
 use crate::wire::{Switch, Wire};
@@ -59,14 +67,33 @@ impl std::fmt::Debug for MemoryStore {
     }
 }
 
-#[derive(Default)]
 struct Shared {
-    locks: Mutex<HashMap<LockName, Slot>>,
+    locks: Mutex<Names>,
     down: AtomicBool,
     next_ticket: AtomicU64,
+    /// How long an idle name is kept before a sweep may remove it, in nanoseconds.
+    keep_idle: AtomicU64,
 }
 
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            locks: Mutex::default(),
+            down: AtomicBool::new(false),
+            next_ticket: AtomicU64::new(0),
+            keep_idle: AtomicU64::new(DEFAULT_KEEP_IDLE.as_nanos() as u64),
+        }
+    }
+}
+
+/// The names of a store, and the highest token of the names a sweep removed: a name's
+/// counter starts there when it comes back, so its tokens never go back.
 #[derive(Default)]
+struct Names {
+    slots: HashMap<LockName, Slot>,
+    floor: u64,
+}
+
 struct Slot {
     /// The holds, oldest first: one exclusive hold, or any number of compatible ones.
     holds: Vec<Hold>,
@@ -75,6 +102,8 @@ struct Slot {
     queue: VecDeque<Waiter>,
     /// The result a run stored, apart from the hold: releases and evictions keep it.
     result: Option<Kept>,
+    /// The last grant, renewal, release or wait on the name, for the sweep.
+    used_at: Instant,
 }
 
 struct Kept {
@@ -103,6 +132,47 @@ struct Waiter {
     expires_at: Instant,
 }
 
+impl Names {
+    /// The slot of `name`, made if missing with its counter at the floor, and marked used.
+    fn slot(&mut self, name: &LockName, now: Instant) -> &mut Slot {
+        let floor = self.floor;
+        let slot = self.slots.entry(name.clone()).or_insert_with(|| Slot {
+            holds: Vec::new(),
+            fence: floor,
+            queue: VecDeque::new(),
+            result: None,
+            used_at: now,
+        });
+        slot.used_at = now;
+        slot
+    }
+
+    /// Removes expired results, and the names idle for `keep_idle` with nothing held,
+    /// queued or kept, raising the floor to their counters.
+    fn sweep(&mut self, now: Instant, keep_idle: Duration) -> Swept {
+        let mut removed = 0u64;
+        let mut floor = self.floor;
+        self.slots.retain(|_, slot| {
+            slot.tidy(now);
+            if slot.result.as_ref().is_some_and(|kept| kept.expires_at <= now) {
+                slot.result = None;
+                removed += 1;
+            }
+            let idle = slot.holds.is_empty()
+                && slot.queue.is_empty()
+                && slot.result.is_none()
+                && now.saturating_duration_since(slot.used_at) >= keep_idle;
+            if idle {
+                floor = floor.max(slot.fence);
+                removed += 1;
+            }
+            !idle
+        });
+        self.floor = floor;
+        Swept { removed, more: false }
+    }
+}
+
 impl Slot {
     /// Drops expired holds and waiters that stopped refreshing their place.
     fn tidy(&mut self, now: Instant) {
@@ -122,7 +192,7 @@ impl Slot {
 
     /// Whether a new hold of `kind` may be granted beside every current hold.
     fn admits(&self, kind: HoldKind) -> bool {
-        self.holds.iter().all(|h| kind.admits(h.kind, self.holds.len()))
+        kind.joins(self.holds.iter().map(|h| h.kind))
     }
 
     /// The newest hold: the one an exclusive lock has, and for shared holds the latest.
@@ -174,11 +244,33 @@ impl MemoryStore {
         MemoryBackend { shared: self.shared.clone(), wire: Wire::new("memory link") }
     }
 
+    /// Keeps an idle name (nobody holds or waits for it, no result is kept, no grant,
+    /// renewal or release for this long) until the next sweep, instead of an hour.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_core::memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::new().keep_idle_names_for(Duration::from_secs(60));
+    /// assert_eq!(store.names_kept(""), 0);
+    /// ```
+    pub fn keep_idle_names_for(self, keep: Duration) -> Self {
+        let nanos = u64::try_from(keep.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.keep_idle.store(nanos, Ordering::SeqCst);
+        self
+    }
+
+    /// How many names whose text starts with `prefix` the store keeps anything for (a
+    /// counter, a hold, a queue, a result), as an operator counting keys would.
+    pub fn names_kept(&self, prefix: &str) -> usize {
+        self.shared.lock_state().slots.keys().filter(|name| name.as_str().starts_with(prefix)).count()
+    }
+
     /// Deletes a lock's hold as an operator would, waking its first waiter. The fence
     /// counter stays.
     pub fn evict(&self, name: &LockName) {
         let mut locks = self.shared.lock_state();
-        if let Some(slot) = locks.get_mut(name) {
+        if let Some(slot) = locks.slots.get_mut(name) {
             slot.holds.clear();
             slot.wake_head();
         }
@@ -199,7 +291,11 @@ impl MemoryStore {
 }
 
 impl Shared {
-    fn lock_state(&self) -> MutexGuard<'_, HashMap<LockName, Slot>> {
+    fn keep_idle(&self) -> Duration {
+        Duration::from_nanos(self.keep_idle.load(Ordering::SeqCst))
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, Names> {
         lock_unpoisoned(&self.locks)
     }
 }
@@ -250,7 +346,7 @@ impl Shared {
         let now = Instant::now();
         let ttl = req.ttl();
         let mut locks = self.lock_state();
-        let slot = locks.entry(req.name.clone()).or_default();
+        let slot = locks.slot(&req.name, now);
         slot.tidy(now);
         let granted = |token| Attempt::Granted {
             hold: MemoryHold {
@@ -293,8 +389,9 @@ impl Shared {
             return granted(token);
         }
 
-        // Busy: keep (or take) a place in the queue, refreshed on every attempt.
-        let place_expires = now + ttl;
+        // Busy: keep (or take) a place in the queue, refreshed on every attempt. It lapses
+        // on its own short clock, not the lease's, so a dead waiter blocks nobody for long.
+        let place_expires = now + req.place_lapse();
         match ticket {
             Some(t) => match slot.queue.iter_mut().find(|w| w.id == t.id) {
                 Some(w) => w.expires_at = place_expires,
@@ -330,14 +427,15 @@ impl Shared {
     fn renew(&self, hold: &MemoryHold, ttl: Duration) -> Renewal {
         let now = Instant::now();
         let mut locks = self.lock_state();
-        let Some(slot) = locks.get_mut(&hold.name) else { return Renewal::Lost(LostReason::Expired) };
+        let Some(slot) = locks.slots.get_mut(&hold.name) else { return Renewal::Lost(LostReason::Expired) };
         slot.tidy(now);
+        slot.used_at = now;
         if let Some(h) = slot.holds.iter_mut().find(|h| h.owner == hold.owner && h.token == hold.token) {
             h.expires_at = h.expires_at.max(now + ttl);
             return Renewal::Renewed;
         }
         // Someone holds what ours would have excluded: it was taken, not just let go.
-        if slot.holds.iter().any(|h| h.token > hold.token && !hold.kind.admits(h.kind, 0)) {
+        if slot.holds.iter().any(|h| h.token > hold.token && !hold.kind.compatible(h.kind)) {
             Renewal::Lost(LostReason::Stolen)
         } else {
             Renewal::Lost(LostReason::Expired)
@@ -346,14 +444,16 @@ impl Shared {
 
     fn release(&self, hold: &MemoryHold) -> Release {
         let mut locks = self.lock_state();
-        let Some(slot) = locks.get_mut(&hold.name) else { return Release::NotHeld };
-        slot.tidy(Instant::now());
+        let Some(slot) = locks.slots.get_mut(&hold.name) else { return Release::NotHeld };
+        let now = Instant::now();
+        slot.tidy(now);
+        slot.used_at = now;
         slot.take_back(&hold.owner, Some(hold.token), &hold.grant)
     }
 
     fn give_back(&self, req: &Request) {
         let mut locks = self.lock_state();
-        let Some(slot) = locks.get_mut(&req.name) else { return };
+        let Some(slot) = locks.slots.get_mut(&req.name) else { return };
         slot.take_back(&req.owner, None, &req.id);
         if let Some(place) = slot.queue.iter().find(|w| w.request == req.id) {
             slot.leave_queue(place.id);
@@ -363,9 +463,12 @@ impl Shared {
     fn store_result(&self, hold: &MemoryHold, value: Vec<u8>, retention: Duration) -> Result<(), LockError> {
         let now = Instant::now();
         let mut locks = self.lock_state();
-        let Some(slot) = locks.get_mut(&hold.name) else { return Err(LockError::NotHeld) };
+        let Some(slot) = locks.slots.get_mut(&hold.name) else { return Err(LockError::NotHeld) };
         slot.tidy(now);
-        let ours = slot.holds.iter().any(|h| h.owner == hold.owner && h.token == hold.token);
+        // The grant itself must be live, not only the owner's hold: a re-entrant lease that
+        // was released stores nothing, though its owner still holds through another.
+        let ours =
+            slot.holds.iter().any(|h| h.owner == hold.owner && h.token == hold.token && h.grants.contains(&hold.grant));
         let newer_kept = slot.result.as_ref().is_some_and(|kept| kept.expires_at > now && kept.token >= hold.token);
         if !ours || newer_kept {
             return Err(LockError::NotHeld);
@@ -377,14 +480,14 @@ impl Shared {
     fn load_result(&self, name: &LockName) -> Option<StoredResult> {
         let now = Instant::now();
         let locks = self.lock_state();
-        let kept = locks.get(name)?.result.as_ref().filter(|kept| kept.expires_at > now)?;
+        let kept = locks.slots.get(name)?.result.as_ref().filter(|kept| kept.expires_at > now)?;
         Some(StoredResult { token: FencingToken::new(kept.token), value: kept.value.clone() })
     }
 
     fn inspect(&self, name: &LockName) -> LockInfo {
         let now = Instant::now();
         let mut locks = self.lock_state();
-        match locks.get_mut(name) {
+        match locks.slots.get_mut(name) {
             Some(slot) => {
                 slot.tidy(now);
                 LockInfo { holder: slot.holder_info(now), waiters: Some(slot.queue.len()) }
@@ -453,8 +556,8 @@ impl Backend for MemoryBackend {
     }
 
     async fn wait(&self, req: &Request, ticket: &mut Option<MemoryTicket>, until: Instant) -> Result<(), LockError> {
-        // Come back at least twice per ttl so our place in the queue does not lapse.
-        let until = until.min(Instant::now() + req.ttl() / 2);
+        // Come back three times per place lapse so our place in the queue does not lapse.
+        let until = until.min(Instant::now() + req.place_lapse() / 3);
         match ticket {
             Some(t) => {
                 let _ = tokio::time::timeout_at(until, t.notify.notified()).await;
@@ -465,7 +568,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn abandon(&self, req: &Request, ticket: MemoryTicket) {
-        if let Some(slot) = self.shared.lock_state().get_mut(&req.name) {
+        if let Some(slot) = self.shared.lock_state().slots.get_mut(&req.name) {
             slot.leave_queue(ticket.id);
         }
     }
@@ -504,6 +607,14 @@ impl Backend for MemoryBackend {
     async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
         let name = name.clone();
         self.call(move |shared| shared.load_result(&name)).await
+    }
+
+    async fn sweep(&self) -> Result<Swept, LockError> {
+        self.call(|shared| shared.lock_state().sweep(Instant::now(), shared.keep_idle())).await
+    }
+
+    fn target(&self) -> String {
+        format!("memory@{:p}", Arc::as_ptr(&self.shared))
     }
 }
 

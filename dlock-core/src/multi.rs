@@ -18,14 +18,18 @@ use crate::token::FencingToken;
 /// Several names, on one locker or on several (even of different backends), acquired
 /// all or nothing.
 ///
-/// The parts are always taken in one global order (by name, then backend name), whatever
-/// order they were given in, so two multi-locks over overlapping sets never wait on each
-/// other in a cycle. Parts with the same name on two lockers of the same backend kind
-/// keep the order they were given in: give them in the same order everywhere.
+/// The parts are always taken in one global order (by name, then by the server and
+/// namespace the locker's locks live on, [`Locker::target`]), whatever order they were
+/// given in, so two multi-locks over overlapping sets never wait on each other in a
+/// cycle, in one process or in several.
 ///
 /// An acquire that fails (timeout, error, cancellation) gives back every part it already
-/// took. The [`MultiLease`] it returns carries every part's token, fires its lost signal
-/// when any part is lost, and releases every part.
+/// took. One that succeeds has every part live when it returns: once the last part is
+/// taken, the earlier ones are checked, and `Fixed` ones extended to their full ttl, as
+/// Redisson's `MultiLock` does; if a part lapsed while the later ones were awaited (its
+/// fixed ttl ran out, its renewal failed), every part is given back and the acquire
+/// starts over within its wait bound. The [`MultiLease`] it returns carries every part's
+/// token, fires its lost signal when any part is lost, and releases every part.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -53,6 +57,8 @@ pub struct MultiLock {
 struct Part {
     locker: Arc<dyn Locker>,
     name: LockName,
+    /// The locker's [`Locker::target`], read once.
+    target: String,
 }
 
 impl fmt::Debug for MultiLock {
@@ -72,8 +78,9 @@ impl MultiLock {
         names.into_iter().try_fold(Self::new(), |multi, name| multi.with(locker.clone(), name))
     }
 
-    /// Adds `name` on `locker`. `InvalidInput` when the same name on the same locker is
-    /// already a part: acquiring it twice would wait on itself.
+    /// Adds `name` on `locker`. `InvalidInput` when the same name on the same locks is
+    /// already a part (the same locker, or another client of the same server and
+    /// namespace: the same [`Locker::target`]): acquiring it twice would wait on itself.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -89,10 +96,11 @@ impl MultiLock {
     /// # Ok::<(), dlock_core::LockError>(())
     /// ```
     pub fn with(mut self, locker: Arc<dyn Locker>, name: LockName) -> Result<Self, LockError> {
-        if self.parts.iter().any(|p| p.name == name && same_locker(&p.locker, &locker)) {
-            return Err(LockError::InvalidInput(format!("{name} is a part of this multi-lock already")));
+        let target = locker.target();
+        if self.parts.iter().any(|p| p.name == name && p.target == target) {
+            return Err(LockError::InvalidInput(format!("{name} on {target} is a part of this multi-lock already")));
         }
-        let part = Part { locker, name };
+        let part = Part { locker, name, target };
         // Stable: parts that compare equal keep the order they were given in.
         let at = self.parts.partition_point(|p| order(p, &part) != Ordering::Greater);
         self.parts.insert(at, part);
@@ -117,24 +125,45 @@ impl MultiLock {
     /// Acquires every part, in the global order, within the options' wait bound for the
     /// whole (`Timeout` after it). On any failure the parts already taken are released
     /// before the error returns; dropping the future releases them in the background.
+    ///
+    /// A part that lapsed while later parts were awaited makes the acquire give back
+    /// every part and start over; `Timeout` when the wait bound ends first.
     pub async fn acquire(&self, opts: &LockOptions) -> Result<MultiLease, LockError> {
         self.check(opts)?;
         let deadline = opts.wait_bound().map(|wait| Instant::now() + wait);
-        let mut taken = Vec::with_capacity(self.parts.len());
-        for part in &self.parts {
-            let opts = match deadline {
-                Some(deadline) => opts.clone().wait(deadline.saturating_duration_since(Instant::now())),
-                None => opts.clone(),
-            };
-            match part.locker.acquire(&part.name, &opts).await {
-                Ok(lease) => taken.push(lease),
+        loop {
+            let mut taken = Vec::with_capacity(self.parts.len());
+            for part in &self.parts {
+                let opts = match deadline {
+                    Some(deadline) => opts.clone().wait(deadline.saturating_duration_since(Instant::now())),
+                    None => opts.clone(),
+                };
+                match part.locker.acquire(&part.name, &opts).await {
+                    Ok(lease) => taken.push(lease),
+                    Err(err) => {
+                        release_all(taken).await;
+                        return Err(err);
+                    }
+                }
+            }
+            match confirm(&taken, opts).await {
+                Ok(true) => return Ok(MultiLease { leases: taken }),
+                Ok(false) => {
+                    release_all(taken).await;
+                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                        return Err(LockError::Timeout);
+                    }
+                    tracing::debug!(
+                        parts = self.parts.len(),
+                        "a part lapsed while the others were awaited: starting over"
+                    );
+                }
                 Err(err) => {
                     release_all(taken).await;
                     return Err(err);
                 }
             }
         }
-        Ok(MultiLease { leases: taken })
     }
 
     /// Acquires every part if each is free now, without waiting; `Ok(None)`, with
@@ -163,11 +192,25 @@ impl MultiLock {
 }
 
 fn order(a: &Part, b: &Part) -> Ordering {
-    a.name.as_str().cmp(b.name.as_str()).then_with(|| a.locker.backend_name().cmp(b.locker.backend_name()))
+    a.name.as_str().cmp(b.name.as_str()).then_with(|| a.target.cmp(&b.target))
 }
 
-fn same_locker(a: &Arc<dyn Locker>, b: &Arc<dyn Locker>) -> bool {
-    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+/// Whether every part of a multi-lease just taken is live: each part taken before the
+/// last is extended to its full ttl when it is `Fixed` (the watchdog keeps the others),
+/// then none may be lost or out of validity. `Ok(false)` when one lapsed.
+async fn confirm(taken: &[Lease], opts: &LockOptions) -> Result<bool, LockError> {
+    let Some((_, earlier)) = taken.split_last() else { return Ok(true) };
+    if !opts.lease_mode().is_watchdog() {
+        let ttl = opts.lease_ttl();
+        for outcome in join_all(earlier.iter().map(|lease| lease.extend(ttl))).await {
+            match outcome {
+                Ok(()) | Err(LockError::Unsupported(_)) => {}
+                Err(LockError::NotHeld | LockError::Lost(_)) => return Ok(false),
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(taken.iter().all(|lease| !lease.is_lost() && !lease.remaining().is_zero()))
 }
 
 async fn release_all(leases: Vec<Lease>) -> Vec<Result<(), LockError>> {

@@ -17,6 +17,24 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// deadline arithmetic or in a backend's expiry command.
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The longest a waiter's place in a queue outlives the waiter's last sign of life,
+/// whatever lease it asks for: a waiter that crashed, or was cut off, at the head of a
+/// queue keeps a free lock from the waiters behind it for no longer than this (or its
+/// ttl, if shorter). Waiters refresh their place several times within it.
+pub const MAX_PLACE_LAPSE: Duration = Duration::from_secs(5);
+
+/// How long the place of a waiter asking for a lease of `ttl` outlives its last refresh:
+/// the ttl, or [`MAX_PLACE_LAPSE`] if that is shorter.
+pub fn place_lapse(ttl: Duration) -> Duration {
+    ttl.min(MAX_PLACE_LAPSE)
+}
+
+/// How long a backend keeps what it stores for a name (its token counter, above all)
+/// after the name's last grant, renewal or release, unless configured otherwise: an
+/// hour. A sweep removes an idle name's state only after it; a backend whose counters
+/// restart from its clock relies on that clock never stepping back by as much.
+pub const DEFAULT_KEEP_IDLE: Duration = Duration::from_secs(3600);
+
 /// How a lease stays alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseMode {
@@ -56,21 +74,25 @@ pub const MAX_PERMITS: u32 = 1_000_000;
 
 /// What an acquire asks for: the lock alone, a reader's share, or one of a semaphore's
 /// permits. Holds of one name are compatible as follows, and an acquire waits until its
-/// kind is compatible with every current hold:
+/// kind may join every current hold ([`HoldKind::joins`]):
 ///
 /// - `Exclusive` (a mutex, a read-write lock's writer) with nothing;
 /// - `Shared` (a read-write lock's reader) with other `Shared` holds;
-/// - `Permit { permits }` with other `Permit` holds, while fewer than `permits` exist.
+/// - `Permit { permits }` with other `Permit` holds, while no holder, the new one
+///   included, would have more company than its own number of permits allows: a request
+///   for `n` joins `h` permit holds when `h + 1` is at most its own `n` and at most the
+///   `n` of every one of them.
 ///
 /// Every grant of any kind takes a fencing token from the name's one counter, so a
 /// writer's token is above every earlier grant's. Waiters queue in one order on
 /// backends that queue: a writer that waits keeps readers that come after it waiting
-/// too (writer preference), so a stream of readers cannot starve it. An owner re-enters
-/// a hold only with the kind it holds, and a permit only with the same number of permits
-/// (no upgrade from reader to writer; another number takes another permit). The number of
-/// permits travels with each request, so it can change at run time: a grant admits the
-/// request when fewer holds than *its* number exist, and holders granted under a larger
-/// number keep their permits.
+/// too (writer preference), so a stream of readers cannot starve it, and a permit request
+/// never overtakes one that waits for fewer permits. An owner re-enters a hold only with
+/// the kind it holds, and a permit only with the same number of permits (no upgrade from
+/// reader to writer; another number takes another permit). The number of permits travels
+/// with each request, so it can change at run time: while holders of the old number
+/// remain, the smaller of the two numbers bounds every grant, so that no holder is ever
+/// beside more holders than it asked for.
 ///
 /// ```
 /// use dlock_core::{memory::MemoryStore, HoldKind, LockName, LockOptions, Locker};
@@ -92,6 +114,8 @@ pub const MAX_PERMITS: u32 = 1_000_000;
 /// let first = locker.acquire(&pool, &two).await?;
 /// let second = locker.acquire(&pool, &two).await?;
 /// assert!(locker.try_acquire(&pool, &two).await?.is_none());
+/// // Asking for more permits does not crowd the holders that asked for two.
+/// assert!(locker.try_acquire(&pool, &LockOptions::new().permits(3)).await?.is_none());
 /// # drop((first, second));
 /// # Ok(()) }
 /// ```
@@ -110,13 +134,81 @@ pub enum HoldKind {
 }
 
 impl HoldKind {
-    /// Whether a hold of this kind may be granted beside a hold of `other`'s kind
-    /// (holds of other owners; `held` counts the holds there are).
-    pub fn admits(&self, other: HoldKind, held: usize) -> bool {
-        match (self, other) {
-            (HoldKind::Shared, HoldKind::Shared) => true,
-            (HoldKind::Permit { permits }, HoldKind::Permit { .. }) => held < *permits as usize,
-            _ => false,
+    /// Whether holds of these two kinds may be held together at all, by different
+    /// owners, leaving aside how many permits there are.
+    pub fn compatible(&self, other: HoldKind) -> bool {
+        matches!(
+            (self, other),
+            (HoldKind::Shared, HoldKind::Shared) | (HoldKind::Permit { .. }, HoldKind::Permit { .. })
+        )
+    }
+
+    /// Whether a new hold of this kind may be granted beside `holds`, the kinds of every
+    /// current hold of other owners: it is compatible with each, and for permits no
+    /// holder (this one included) would have more holders beside it than its own number
+    /// of permits allows.
+    ///
+    /// ```
+    /// use dlock_core::HoldKind;
+    ///
+    /// let permits = |permits| HoldKind::Permit { permits };
+    /// assert!(permits(3).joins([permits(3), permits(3)]));
+    /// assert!(!permits(3).joins([permits(2), permits(3)]), "the holder of two would have two beside it");
+    /// assert!(!permits(1).joins([permits(3)]));
+    /// assert!(HoldKind::Shared.joins([HoldKind::Shared; 100]));
+    /// assert!(!HoldKind::Shared.joins([HoldKind::Exclusive]));
+    /// assert!(HoldKind::Exclusive.joins([]));
+    /// ```
+    pub fn joins(&self, holds: impl IntoIterator<Item = HoldKind>) -> bool {
+        let mut bound = self.permit_bound();
+        let mut held = 0usize;
+        for other in holds {
+            if !self.compatible(other) {
+                return false;
+            }
+            held += 1;
+            bound = bound.min(other.permit_bound());
+        }
+        held < bound
+    }
+
+    /// How many holds of a queue, oldest first, hold under the grant rule: the first, and
+    /// each next one while every one before it holds and it may
+    /// [`join`](HoldKind::joins) them. A request never holds before one older than it,
+    /// so grants follow the queue: a writer that waits keeps later readers out, and a
+    /// permit request never overtakes an earlier one that waits.
+    ///
+    /// ```
+    /// use dlock_core::HoldKind;
+    ///
+    /// let permits = |permits| HoldKind::Permit { permits };
+    /// assert_eq!(HoldKind::granted_prefix(&[permits(2), permits(1), permits(3)]), 1);
+    /// assert_eq!(HoldKind::granted_prefix(&[permits(3), permits(3), permits(2), permits(3)]), 2);
+    /// assert_eq!(HoldKind::granted_prefix(&[HoldKind::Shared, HoldKind::Shared, HoldKind::Exclusive, HoldKind::Shared]), 2);
+    /// ```
+    pub fn granted_prefix(queue: &[HoldKind]) -> usize {
+        let mut bound = usize::MAX;
+        let mut granted = 0usize;
+        for (i, kind) in queue.iter().enumerate() {
+            if i > 0 && !kind.compatible(queue[i - 1]) {
+                break;
+            }
+            bound = bound.min(kind.permit_bound());
+            if i >= bound {
+                break;
+            }
+            granted += 1;
+        }
+        granted
+    }
+
+    /// How many holds a hold of this kind may be one of: its permits, one for an
+    /// exclusive hold, no bound for a reader.
+    fn permit_bound(&self) -> usize {
+        match self {
+            HoldKind::Exclusive => 1,
+            HoldKind::Shared => usize::MAX,
+            HoldKind::Permit { permits } => *permits as usize,
         }
     }
 

@@ -77,7 +77,7 @@ pub(crate) fn probe_client(op_timeout: Duration) -> (Client<ProbeBackend>, Arc<P
         max_in_flight: AtomicUsize::new(0),
     });
     let backend = ProbeBackend { inner, probe: probe.clone() };
-    (Client::with_config(backend, ClientConfig { op_timeout }), probe)
+    (Client::with_config(backend, ClientConfig::with_op_timeout(op_timeout)), probe)
 }
 
 /// Counts holds in flight for as long as it lives.

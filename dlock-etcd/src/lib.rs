@@ -157,5 +157,5 @@ pub type EtcdLocker = Client<EtcdBackend>;
 pub async fn connect(config: EtcdConfig) -> Result<EtcdLocker, LockError> {
     let cluster = connect::open(&config).await?;
     let backend = EtcdBackend::new(cluster, config.prefix().to_string(), config.op_timeout());
-    Ok(Client::with_config(backend, ClientConfig { op_timeout: config.op_timeout() }))
+    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
 }

@@ -1144,11 +1144,11 @@ fn permit_verdict(dir: &[u8], own: &[u8], permits: u32, newest_first: &[KeyValue
     }))
 }
 
-/// How many of a queue's keys, of these kinds and oldest first, hold: the first, and
-/// each next one while every key before it holds and its kind admits theirs beside it.
-/// A key never holds before one older than it: grants follow the queue.
+/// How many of a queue's keys, of these kinds and oldest first, hold: the one grant rule
+/// of every backend ([`HoldKind::granted_prefix`]). A key never holds before one older
+/// than it: grants follow the queue.
 fn holding(kinds: &[HoldKind]) -> usize {
-    kinds.iter().enumerate().take_while(|&(i, kind)| i == 0 || kind.admits(kinds[i - 1], i)).count()
+    HoldKind::granted_prefix(kinds)
 }
 
 /// The guard of a change to a held key: still ours, and still with the holds we saw.

@@ -271,7 +271,7 @@ pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
     };
     let subscriptions = pubsub::Subscriptions::start(connected.nodes, config.connect_timeout(), config.op_timeout());
     let backend = RedisBackend::new(connected.commands, layout, subscriptions, replica_ack);
-    Ok(Client::with_config(backend, ClientConfig { op_timeout: config.op_timeout() }))
+    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
 }
 
 /// The raw baseline of `dlock bench`: the same script calls an uncontended acquire and

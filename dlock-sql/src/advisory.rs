@@ -67,7 +67,7 @@ pub type AdvisoryLocker = Client<AdvisoryBackend>;
 pub async fn connect_advisory(config: SqlConfig) -> Result<AdvisoryLocker, LockError> {
     let op_timeout = config.common.op_timeout;
     let backend = AdvisoryBackend::connect(config).await?;
-    Ok(Client::with_config(backend, ClientConfig { op_timeout }))
+    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(op_timeout)))
 }
 
 /// The advisory-lock backend of one client (see the module docs).

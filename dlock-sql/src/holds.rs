@@ -5,7 +5,7 @@
 //! needs, and decides here, once for every dialect: which holds are compatible is
 //! [`HoldKind::admits`], the rule the reference backend applies too.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dlock_core::{HoldKind, LockError};
@@ -35,7 +35,8 @@ impl Live {
         let kind = match values.get(2).and_then(Value::text).ok_or_else(bad)? {
             WAITING => None,
             "shared" => Some(HoldKind::Shared),
-            "permit" => Some(HoldKind::Permit { permits: 1 }),
+            // The count is not kept: a row bounds nobody but the asking side.
+            "permit" => Some(HoldKind::Permit { permits: u32::MAX }),
             _ => return Err(bad()),
         };
         Ok(Live {
@@ -72,15 +73,11 @@ pub(crate) fn decide(kind: HoldKind, owner: &str, exclusive: Exclusive, rows: &[
     if let Some(ours) = rows.iter().find(|r| r.owner == owner && r.is_hold_of(kind)) {
         return Decision::ReEnter(ours.fence);
     }
-    let holds: BTreeSet<(&str, i64)> =
-        rows.iter().filter(|r| r.kind.is_some()).map(|r| (r.owner.as_str(), r.fence)).collect();
-    let held = holds.len() + usize::from(exclusive.is_some());
+    // One hold per owner and token, however many grants re-entered it.
+    let holds: BTreeMap<(&str, i64), HoldKind> =
+        rows.iter().filter_map(|r| Some(((r.owner.as_str(), r.fence), r.kind?))).collect();
     let writer_waits = rows.iter().any(|r| r.kind.is_none());
-    let kinds = rows.iter().filter_map(|r| r.kind).chain(exclusive.map(|_| HoldKind::Exclusive));
-    let mut compatible = true;
-    for other in kinds {
-        compatible &= kind.admits(other, held);
-    }
+    let compatible = kind.joins(holds.into_values().chain(exclusive.map(|_| HoldKind::Exclusive)));
     if compatible && !writer_waits {
         return Decision::Grant;
     }

@@ -381,7 +381,7 @@ impl SqlBackend {
         let exclusive = row.as_ref().and_then(Row::holder).map(|(_, fence)| (HoldKind::Exclusive, fence));
         let others = live.iter().filter_map(|l| l.kind.map(|kind| (kind, l.fence)));
         let stolen =
-            exclusive.into_iter().chain(others).any(|(kind, fence)| fence > hold.fence && !hold.kind.admits(kind, 0));
+            exclusive.into_iter().chain(others).any(|(kind, fence)| fence > hold.fence && !hold.kind.compatible(kind));
         Ok(Renewal::Lost(if stolen { LostReason::Stolen } else { LostReason::Expired }))
     }
 }

@@ -132,7 +132,7 @@ pub type SqlLocker = Client<SqlBackend>;
 pub async fn connect(config: SqlConfig) -> Result<SqlLocker, LockError> {
     let op_timeout = config.common.op_timeout;
     let backend = SqlBackend::connect(config).await?;
-    Ok(Client::with_config(backend, ClientConfig { op_timeout }))
+    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(op_timeout)))
 }
 
 /// Connects the kind of client the config asks for (`lock=lease` or `lock=advisory`).

@@ -165,7 +165,7 @@ pub type ZkLocker = Client<ZkBackend>;
 pub async fn connect(config: ZkConfig) -> Result<ZkLocker, LockError> {
     let op_timeout = config.op_timeout();
     let backend = ZkBackend::connect(config).await?;
-    Ok(Client::with_config(backend, ClientConfig { op_timeout }))
+    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(op_timeout)))
 }
 
 /// The raw baseline of this backend for `dlock bench` (see [`ZkBaseline`]).

@@ -118,24 +118,27 @@ pub(crate) enum Turn {
     Wait(Vec<usize>),
 }
 
-/// The grant rule. Every node ahead of a contender is a hold or an earlier waiter, and
-/// the contender is granted when its kind is compatible with all of them:
+/// The grant rule, the one of every backend ([`HoldKind::granted_prefix`]): a contender
+/// is granted when every node ahead of it is, and its kind may join them:
 ///
 /// - an exclusive node when it is first;
 /// - a reader when only readers are ahead of it;
-/// - a permit of `n` when only permits are ahead of it, fewer than `n`.
+/// - a permit of `n` when only permits are ahead of it, fewer than `n` and fewer than
+///   the count of each of them (no holder gets more company than it asked for).
 ///
 /// Counting waiters ahead as if they held gives FIFO order and writer preference: a
-/// waiting writer keeps every later reader waiting. No grant depends on a node behind
-/// it, so a node once granted stays granted until it is deleted.
+/// waiting writer keeps every later reader waiting, and a permit never overtakes an
+/// earlier one. No grant depends on a node behind it, so a node once granted stays
+/// granted until it is deleted.
 ///
-/// What it watches is a node whose deletion every grant of it needs, so that no release
-/// is missed and as few waiters as possible wake for each one: the node just ahead of a
-/// writer; the last node of another kind ahead of a reader or permit (all readers behind
-/// a writer wake together when it leaves, as they are all granted). A permit of `n`
-/// behind `n` or more permits needs any one of the `n` nodes just ahead of it to go
-/// (the nodes further ahead are fewer than the deletions it needs, so one of the `n` is
-/// among them): it watches those `n`, and a release wakes at most `n` waiters.
+/// What it watches is a set of nodes one of whose deletions every grant of it needs, so
+/// that no release is missed and as few waiters as possible wake for each one: the node
+/// just ahead of a writer; the last node of another kind ahead of a reader or permit (all
+/// readers behind a writer wake together when it leaves, as they are all granted). A
+/// permit of `n` that waits among permits needs either fewer nodes ahead, which takes the
+/// deletion of one of the `n` nodes just ahead of it (the nodes further ahead are fewer
+/// than the deletions it needs), or a smaller count ahead gone: it watches those `n` and
+/// every node ahead with a count below its own.
 pub(crate) fn turn(queue: &[Contender], position: usize) -> Turn {
     let Some(own) = queue.get(position) else { return Turn::Wait(Vec::new()) };
     let ahead = &queue[..position];
@@ -151,8 +154,22 @@ pub(crate) fn turn(queue: &[Contender], position: usize) -> Turn {
         },
         HoldKind::Permit { permits } => match last_other(|k| matches!(k, HoldKind::Permit { .. })) {
             Some(other) => Turn::Wait(vec![other]),
-            None if position < permits as usize => Turn::Granted,
-            None => Turn::Wait((position - permits as usize..position).collect()),
+            None => {
+                let count = |c: &Contender| match c.kind {
+                    HoldKind::Permit { permits } => permits as usize,
+                    _ => usize::MAX,
+                };
+                let own = permits as usize;
+                let bound = ahead.iter().map(count).min().unwrap_or(usize::MAX).min(own);
+                if position < bound {
+                    return Turn::Granted;
+                }
+                let nearest = position.saturating_sub(own)..position;
+                let smaller = (0..position).filter(|&at| count(&queue[at]) < own && !nearest.contains(&at));
+                let mut watch: Vec<usize> = smaller.chain(nearest.clone()).collect();
+                watch.sort_unstable();
+                Turn::Wait(watch)
+            }
         },
     }
 }
@@ -160,18 +177,9 @@ pub(crate) fn turn(queue: &[Contender], position: usize) -> Turn {
 /// Which contenders of `queue` are granted by [`turn`]'s rule, in one pass (for
 /// `inspect`, which looks at the whole queue).
 pub(crate) fn granted(queue: &[Contender]) -> Vec<bool> {
-    let (mut only_readers, mut only_permits) = (true, true);
-    let mut granted = Vec::with_capacity(queue.len());
-    for (position, contender) in queue.iter().enumerate() {
-        granted.push(match contender.kind {
-            HoldKind::Exclusive => position == 0,
-            HoldKind::Shared => only_readers,
-            HoldKind::Permit { permits } => only_permits && position < permits as usize,
-        });
-        only_readers &= contender.kind == HoldKind::Shared;
-        only_permits &= matches!(contender.kind, HoldKind::Permit { .. });
-    }
-    granted
+    let kinds: Vec<HoldKind> = queue.iter().map(|c| c.kind).collect();
+    let holding = HoldKind::granted_prefix(&kinds);
+    (0..queue.len()).map(|position| position < holding).collect()
 }
 
 /// The data of a node: the hold count, then the owner.
@@ -276,10 +284,16 @@ mod tests {
         // out, which watch it (the last writer ahead).
         assert_eq!(turns(&[R, R, W, R, R, W, R]), [g(), g(), w(&[1]), w(&[2]), w(&[2]), w(&[4]), w(&[5])]);
         assert_eq!(turns(&[W, R, R]), [g(), w(&[0]), w(&[0])]);
-        // Permits: fewer than n ahead, by each request's own n; a waiter watches the n
-        // nodes just ahead of it.
+        // Permits: fewer than n ahead, and fewer than the count of each one ahead; a
+        // waiter watches the n nodes just ahead of it and every smaller count ahead.
+        const P1: HoldKind = HoldKind::Permit { permits: 1 };
         assert_eq!(turns(&[P2, P2, P2, P2]), [g(), g(), w(&[0, 1]), w(&[1, 2])]);
-        assert_eq!(turns(&[P2, P2, P3, HoldKind::Permit { permits: 1 }]), [g(), g(), g(), w(&[2])]);
+        assert_eq!(turns(&[P2, P2, P3, P1]), [g(), g(), w(&[0, 1]), w(&[2])]);
+        assert_eq!(turns(&[P1, P3, P3, P3, P3])[4], w(&[0, 1, 2, 3]), "a smaller count further ahead is watched too");
+        // A larger count never overtakes a smaller one waiting, nor crowds a holder.
+        assert_eq!(turns(&[P2, P1, P3]), [g(), w(&[0]), w(&[0, 1])]);
+        assert_eq!(turns(&[P1, P3, P3]), [g(), w(&[0]), w(&[0, 1])]);
+        assert_eq!(turns(&[P3, P3, P2, P3]), [g(), g(), w(&[0, 1]), w(&[0, 1, 2])]);
         // Kinds exclude each other.
         assert_eq!(turns(&[R, P3, W, P3]), [g(), w(&[0]), w(&[1]), w(&[2])]);
         assert_eq!(turns(&[P3, R, P3]), [g(), w(&[0]), w(&[1])]);

@@ -152,7 +152,7 @@ pub async fn connect(config: RedLockConfig) -> Result<RedLockLocker, LockError> 
     let layout = KeyLayout::new(config.prefix())?;
     let nodes = nodes::connect(&config).await?;
     let backend = RedLockBackend::new(nodes, layout, &config);
-    Ok(Client::with_config(backend, ClientConfig { op_timeout: config.op_timeout() }))
+    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
 }
 
 /// The raw baseline of `dlock bench`: the same script calls an uncontended acquire and
