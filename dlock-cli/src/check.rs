@@ -54,7 +54,14 @@ pub(crate) async fn check(url: Option<String>, args: CheckArgs) -> Result<ExitCo
 
     // The URL's own op_timeout, if it sets one, only makes calls fail sooner; the
     // properties run here do not depend on it.
-    let timing = Timing { ttl: args.ttl, margin: args.margin, op_timeout: ClientConfig::default().op_timeout };
+    // Only the properties that need nothing but clients run here; none of them waits for
+    // idle names to go, so the backends' default keep time stands.
+    let timing = Timing {
+        ttl: args.ttl,
+        margin: args.margin,
+        op_timeout: ClientConfig::default().op_timeout,
+        idle: dlock_core::DEFAULT_KEEP_IDLE,
+    };
     let fixture: Arc<dyn Fixture> = Arc::new(Live { url: url.clone(), timing });
     let selected: Vec<Case> =
         cases().into_iter().filter(|c| args.only.as_deref().is_none_or(|text| c.name.contains(text))).collect();

@@ -21,6 +21,10 @@ pub struct Timing {
     /// The operation timeout of the fixture's clients: how long one call may take before
     /// it fails with `Unavailable`.
     pub op_timeout: Duration,
+    /// How long the fixture's clients keep what the backend stores for a name after the
+    /// name's last use (its keep time for idle names: a short one, so that the suite can
+    /// see idle names go).
+    pub idle: Duration,
 }
 
 /// A switch on one client's link to the backend: a TCP fault proxy, or an in-process
@@ -71,6 +75,8 @@ pub enum Needs {
     Faults,
     /// Stopping and restarting the backend ([`Restart`]).
     Restart,
+    /// Counting what the backend stores ([`Storage`]).
+    Storage,
 }
 
 /// A backend under test: real servers started by the harness (or pointed to by
@@ -117,7 +123,17 @@ pub trait Restart: Fixture {
     async fn start_backend(&self);
 }
 
-/// A fixture with every capability: what a backend's own test suite provides.
-pub trait FullFixture: Evict + Faults + Restart {}
+/// A fixture that can count what the backend stores, as an operator listing keys, rows
+/// or znodes would.
+#[async_trait]
+pub trait Storage: Fixture {
+    /// How many records (keys, rows, znodes: whatever the backend keeps) belong to lock
+    /// names that start with `prefix`, counting expired ones the server has not removed
+    /// yet.
+    async fn records(&self, prefix: &str) -> usize;
+}
 
-impl<T: Evict + Faults + Restart> FullFixture for T {}
+/// A fixture with every capability: what a backend's own test suite provides.
+pub trait FullFixture: Evict + Faults + Restart + Storage {}
+
+impl<T: Evict + Faults + Restart + Storage> FullFixture for T {}

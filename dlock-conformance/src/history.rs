@@ -97,7 +97,7 @@ impl HoldSpan {
 
     /// Whether the two may not be held together at all (whatever else is held).
     fn excludes(&self, other: &HoldSpan) -> bool {
-        !self.kind.admits(other.kind, 0) || !other.kind.admits(self.kind, 0)
+        !self.kind.compatible(other.kind)
     }
 }
 
@@ -245,11 +245,12 @@ impl History {
 }
 
 /// The checks for holds of several kinds: an overlap is two holds that exclude each
-/// other, or a permit granted while its own count of permits or more were held; a token
-/// regression is a hold granted after one it excludes with a token not above it.
+/// other, or a permit granted beside more permit holds than its own count or the count
+/// of any of them allows; a token regression is a hold granted after one it excludes
+/// with a token not above it.
 fn check_kinds(holds: &[HoldSpan], report: &mut Report) {
     for (i, later) in holds.iter().enumerate() {
-        let mut permits_held = 0usize;
+        let mut company: Vec<&HoldSpan> = Vec::new();
         for earlier in &holds[..i] {
             if earlier.excludes(later) {
                 if earlier.overlaps(later) {
@@ -259,14 +260,19 @@ fn check_kinds(holds: &[HoldSpan], report: &mut Report) {
                 }
             } else if earlier.end > later.start && matches!(earlier.kind, HoldKind::Permit { .. }) {
                 // Holds come in grant order: this one was still held when `later` began.
-                permits_held += 1;
+                company.push(earlier);
             }
         }
-        if let HoldKind::Permit { permits } = later.kind {
-            if permits_held >= permits as usize {
-                // One more than allowed: report it beside the last permit it joined.
-                if let Some(joined) = holds[..i].iter().rev().find(|h| h.end > later.start && !h.excludes(later)) {
-                    report.overlaps.push((*joined, *later));
+        if matches!(later.kind, HoldKind::Permit { .. }) {
+            let count = |h: &HoldSpan| match h.kind {
+                HoldKind::Permit { permits } => permits as usize,
+                _ => usize::MAX,
+            };
+            let together = company.len() + 1;
+            if company.iter().copied().chain([later]).any(|h| together > count(h)) {
+                // More together than one of them asked for: report it beside the last joined.
+                if let Some(joined) = company.last() {
+                    report.overlaps.push((**joined, *later));
                 }
             }
         }
@@ -383,6 +389,31 @@ mod tests {
         assert!(h.check().is_clean(), "two of two permits at a time");
         h.record(0, Op::Acquire, Phase::Ok, t(4));
         assert_eq!(h.check().overlaps.len(), 1, "a third of two permits");
+    }
+
+    #[test]
+    fn a_permit_holder_never_has_more_company_than_its_own_count() {
+        let permits = |permits| HoldKind::Permit { permits };
+        // A holder of two, then one of three joins it: two together is within both.
+        let h = History::new();
+        h.set_kind(0, permits(2));
+        h.set_kind(1, permits(3));
+        h.set_kind(2, permits(3));
+        h.record(0, Op::Acquire, Phase::Ok, t(1));
+        h.record(1, Op::Acquire, Phase::Ok, t(2));
+        assert!(h.check().is_clean(), "two holders, each of at least two");
+        // A third holder asked for three, but the first one asked for at most two.
+        h.record(2, Op::Acquire, Phase::Ok, t(3));
+        assert_eq!(h.check().overlaps.len(), 1, "a holder of two beside two others");
+
+        // A holder of one never has company, whatever the newcomer asked for.
+        let h = History::new();
+        h.set_kind(0, permits(1));
+        h.set_kind(1, permits(3));
+        h.record(0, Op::Acquire, Phase::Ok, t(1));
+        h.record(1, Op::Acquire, Phase::Ok, t(2));
+        assert_eq!(h.check().overlaps.len(), 1, "a holder of one beside another");
+        h.record(0, Op::Release, Phase::Invoke, None);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! the fixture trait it needs: [`Fixture`] for independent clients over real servers,
 //! [`Evict`], [`Faults`] or [`Restart`] for the means to hurt them (evict a lock
 //! underneath its holder; cut, black-hole, delay or drop the replies of a client's link;
-//! kill and restart the server). The [`history`] checker judges the concurrent runs.
+//! kill and restart the server), and [`Storage`] to count what the server keeps. The [`history`] checker judges the concurrent runs.
 //! The servers, the TCP fault proxy and the test PKI of dlock's own tests live in the
 //! `dlock-testkit` crate.
 //!
@@ -21,7 +21,7 @@ pub mod history;
 pub mod memory;
 pub mod properties;
 
-pub use fixture::{Evict, Fault, Faults, FaultyClient, Fixture, FullFixture, Link, Needs, Restart, Timing};
+pub use fixture::{Evict, Fault, Faults, FaultyClient, Fixture, FullFixture, Link, Needs, Restart, Storage, Timing};
 
 /// Sends the tests' `tracing` output to the test harness when `RUST_LOG` is set.
 pub fn init_tracing() {

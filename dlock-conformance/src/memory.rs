@@ -7,12 +7,21 @@ use async_trait::async_trait;
 use dlock_core::memory::{MemoryLink, MemoryStore};
 use dlock_core::{Client, ClientConfig, LockError, LockName, Locker};
 
-use crate::fixture::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
+use crate::fixture::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Storage, Timing};
 
 /// The in-process backend under test: one [`MemoryStore`], clients over it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MemoryFixture {
     store: MemoryStore,
+}
+
+/// How long the fixture's store keeps an idle name.
+const IDLE: Duration = Duration::from_secs(1);
+
+impl Default for MemoryFixture {
+    fn default() -> Self {
+        MemoryFixture { store: MemoryStore::new().keep_idle_names_for(IDLE) }
+    }
 }
 
 impl std::fmt::Debug for MemoryFixture {
@@ -33,7 +42,7 @@ impl MemoryFixture {
     }
 
     fn config() -> ClientConfig {
-        ClientConfig { op_timeout: Duration::from_secs(1) }
+        ClientConfig::with_op_timeout(Duration::from_secs(1))
     }
 }
 
@@ -50,6 +59,7 @@ impl Fixture for MemoryFixture {
             ttl: Duration::from_millis(500),
             margin: Duration::from_secs(2),
             op_timeout: Self::config().op_timeout,
+            idle: IDLE,
         }
     }
 
@@ -76,7 +86,7 @@ impl Faults for MemoryFixture {
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
         let backend = self.store.backend();
         backend.link().cut();
-        Ok(Arc::new(Client::with_config(backend, ClientConfig { op_timeout: timeout })))
+        Ok(Arc::new(Client::with_config(backend, ClientConfig::with_op_timeout(timeout))))
     }
 }
 
@@ -88,5 +98,12 @@ impl Restart for MemoryFixture {
 
     async fn start_backend(&self) {
         self.store.set_available(true);
+    }
+}
+
+#[async_trait]
+impl Storage for MemoryFixture {
+    async fn records(&self, prefix: &str) -> usize {
+        self.store.names_kept(prefix)
     }
 }

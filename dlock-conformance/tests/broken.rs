@@ -8,11 +8,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_conformance::memory::MemoryFixture;
 use dlock_conformance::properties::{self, Case};
-use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, FullFixture, Restart, Timing};
+use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, FullFixture, Restart, Storage, Timing};
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::memory::{MemoryBackend, MemoryHold, MemoryStore, MemoryTicket};
 use dlock_core::{
     Capabilities, Client, ClientConfig, FencingToken, HoldKind, LockError, LockInfo, LockName, Locker, StoredResult,
+    Swept,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,10 @@ enum Flaw {
     /// Hands a lock from one task of a client to another that queued behind it without a
     /// fresh token: the waiter reports the token of the task it queued behind.
     LocalHandOffKeepsToken,
+    /// Never queues a permit request, so a larger request overtakes a smaller one waiting.
+    PermitsJumpTheQueue,
+    /// Sweeps nothing: what it keeps for idle names stays for ever.
+    SweepsNothing,
 }
 
 struct Broken {
@@ -83,6 +88,7 @@ impl Backend for Broken {
             match self.flaw {
                 Flaw::OnePermitTooMany => req.kind = HoldKind::Permit { permits: permits + 1 },
                 Flaw::PermitsExclude => req.kind = HoldKind::Permit { permits: 1 },
+                Flaw::PermitsJumpTheQueue => req.blocking = false,
                 _ => {}
             }
         }
@@ -177,6 +183,17 @@ impl Backend for Broken {
         }
         self.inner.load_result(name).await
     }
+
+    async fn sweep(&self) -> Result<Swept, LockError> {
+        if self.flaw == Flaw::SweepsNothing {
+            return Ok(Swept::default());
+        }
+        self.inner.sweep().await
+    }
+
+    fn target(&self) -> String {
+        self.inner.target()
+    }
 }
 
 struct BrokenFixture {
@@ -189,7 +206,7 @@ impl BrokenFixture {
     fn client_of(&self, inner: MemoryBackend) -> Arc<dyn Locker> {
         let (store, flaw, results) = (self.sound.store().clone(), self.flaw, self.results.clone());
         let backend = Broken { inner, store, flaw, results, mine: Mutex::default(), behind: Mutex::default() };
-        Arc::new(Client::with_config(backend, ClientConfig { op_timeout: Duration::from_secs(1) }))
+        Arc::new(Client::with_config(backend, ClientConfig::with_op_timeout(Duration::from_secs(1))))
     }
 }
 
@@ -221,6 +238,13 @@ impl Faults for BrokenFixture {
 
     async fn unreachable_client(&self, timeout: Duration) -> Result<Arc<dyn Locker>, LockError> {
         self.sound.unreachable_client(timeout).await
+    }
+}
+
+#[async_trait]
+impl Storage for BrokenFixture {
+    async fn records(&self, prefix: &str) -> usize {
+        self.sound.records(prefix).await
     }
 }
 
@@ -310,4 +334,14 @@ async fn catches_a_hand_off_inside_a_client_that_keeps_the_token() {
     // Waiters on clients of their own never queue behind a task of their client.
     let across = case("fair_grants_follow_request_order");
     assert!(passes(broken(Flaw::LocalHandOffKeepsToken), across).await, "the flaw lies inside one client only");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_a_larger_permit_request_overtaking_a_smaller_one() {
+    assert_caught(Flaw::PermitsJumpTheQueue, "semaphore_mixed_counts_never_crowd_a_holder").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catches_idle_names_that_never_go() {
+    assert_caught(Flaw::SweepsNothing, "idle_names_leave_nothing_behind").await;
 }

@@ -1,12 +1,18 @@
 //! Leader election: one leader per term, terms strictly increasing, observers seeing the
 //! leaders in order, and a vanished leader replaced after it learns it lost.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock_core::{campaign, observe, Leader, LockError, LockOptions, Locker, LostReason};
+use async_trait::async_trait;
+use dlock_core::{
+    campaign, observe, Capabilities, ClientStats, Leader, Lease, LockError, LockInfo, LockName, LockOptions, Locker,
+    LostReason, StoredResult, Swept,
+};
 
 use super::{assert_unsupported, unique_name, watchdog};
-use crate::fixture::{Faults, Fixture};
+use crate::fixture::{Fault, Faults, Fixture, Link};
 
 /// Whether the backend can hold an election; if not, checks that it says so.
 async fn elects(locker: &dyn Locker, name: &dlock_core::LockName) -> bool {
@@ -104,4 +110,101 @@ pub async fn election_vanished_leader_is_replaced_after_it_knows(f: &dyn Faults)
     assert_eq!(leader.value, b"new");
     next.resign().await.expect("resign");
     assert!(matches!(leading.resign().await, Err(LockError::NotHeld)), "a deposed leader's resignation");
+}
+
+/// A candidate's client whose link drops every reply from the grant of its lease on, so
+/// that the store of its value is applied but its answer lost, until the candidate next
+/// reads a stored value.
+struct LosesTheStoreReply<'a> {
+    locker: Arc<dyn Locker>,
+    link: &'a dyn Link,
+    dropping: AtomicBool,
+}
+
+#[async_trait]
+impl Locker for LosesTheStoreReply<'_> {
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Lease, LockError> {
+        let lease = self.locker.acquire(name, opts).await?;
+        self.link.set(Fault::DropReplies);
+        self.dropping.store(true, Ordering::SeqCst);
+        Ok(lease)
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Option<Lease>, LockError> {
+        self.locker.try_acquire(name, opts).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
+        self.locker.inspect(name).await
+    }
+
+    async fn load_result(&self, name: &LockName) -> Result<Option<StoredResult>, LockError> {
+        if self.dropping.swap(false, Ordering::SeqCst) {
+            self.link.restore();
+        }
+        self.locker.load_result(name).await
+    }
+
+    async fn sweep(&self) -> Result<Swept, LockError> {
+        self.locker.sweep().await
+    }
+
+    fn target(&self) -> String {
+        self.locker.target()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.locker.capabilities()
+    }
+
+    fn backend_name(&self) -> &'static str {
+        self.locker.backend_name()
+    }
+
+    fn stats(&self) -> ClientStats {
+        self.locker.stats()
+    }
+}
+
+/// A campaign whose store was applied but whose reply was lost either confirms the store
+/// and leads, or fails without ever having been reported: an observer never reports a
+/// leader whose campaign failed.
+pub async fn election_store_whose_reply_was_lost_is_confirmed(f: &dyn Faults) {
+    let timing = f.timing();
+    let name = unique_name("elect-lost-store");
+    let watcher = f.client().await;
+    if !elects(&*watcher, &name).await {
+        return;
+    }
+    let faulty = f.faulty_client().await;
+    let candidate = LosesTheStoreReply { locker: faulty.locker.clone(), link: &*faulty.link, dropping: false.into() };
+    let seen: Arc<Mutex<Vec<Leader>>> = Arc::default();
+    let watching = tokio::spawn({
+        let (watcher, name, seen) = (watcher.clone(), name.clone(), seen.clone());
+        async move {
+            let mut observer = observe(&*watcher, &name).every(Duration::from_millis(10));
+            while let Ok(now) = observer.changed().await {
+                seen.lock().expect("seen").extend(now);
+            }
+        }
+    });
+    let opts = LockOptions::watchdog(timing.ttl.max(timing.op_timeout * 4)).wait(timing.margin);
+    let elected = campaign(&candidate, &name, b"candidate", &opts).await;
+    faulty.link.restore();
+    // Let the observer look a few more times: a value left stored would show now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    watching.abort();
+    let seen = seen.lock().expect("seen").clone();
+    match elected {
+        Ok(leading) => {
+            assert!(
+                seen.iter().any(|leader| leader.term == leading.term()),
+                "the confirmed leader was never observed: {seen:?}"
+            );
+            leading.resign().await.expect("resign");
+        }
+        Err(err) => {
+            assert!(seen.is_empty(), "observers reported a leader whose campaign failed ({err}): {seen:?}");
+        }
+    }
 }

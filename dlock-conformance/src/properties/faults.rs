@@ -2,9 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_core::{LockError, LockOptions, LostReason};
+use dlock_core::{LockError, LockOptions, LostReason, MAX_PLACE_LAPSE};
 
-use super::{unique_name, watchdog};
+use super::{assert_unsupported, eventually, unique_name, watchdog};
 use crate::fixture::{Faults, Restart};
 use crate::history::{FencedRegister, History, Op, Phase};
 
@@ -161,4 +161,83 @@ pub async fn backend_restart(f: &dyn Restart) {
         after.token()
     );
     after.release().await.expect("release");
+}
+
+/// A waiter that died (its link cut) while first in line keeps a free lock from the
+/// waiters behind it for no longer than a waiter's place lasts
+/// ([`MAX_PLACE_LAPSE`]), however long the lease it asked for: at the head of a fair
+/// queue, and as a waiting writer that keeps new readers out.
+pub async fn dead_waiter_gives_up_its_place_soon(f: &dyn Faults) {
+    let timing = f.timing();
+    let (holder_client, next_client) = (f.client().await, f.client().await);
+    let caps = holder_client.capabilities();
+    // Far beyond the bound: a place that lasted as long as this lease would fail the test.
+    let long = Duration::from_secs(3600);
+    let bound = MAX_PLACE_LAPSE * 2 + timing.op_timeout + timing.margin;
+    let waits = |faulty: &crate::fixture::FaultyClient| {
+        let locker = faulty.locker.clone();
+        async move { locker.stats().waiting > 0 }
+    };
+
+    let name = unique_name("dead-head");
+    let fair = |opts: LockOptions| opts.fair(true);
+    if caps.fifo {
+        let faulty = f.faulty_client().await;
+        let holder = holder_client.acquire(&name, &fair(watchdog(f, Duration::ZERO))).await.expect("acquire");
+        let dying = tokio::spawn({
+            let (locker, name) = (faulty.locker.clone(), name.clone());
+            async move { locker.acquire(&name, &fair(LockOptions::fixed(long).wait(long))).await }
+        });
+        eventually("the waiter that will die waits", timing.margin, || waits(&faulty)).await;
+        let behind = tokio::spawn({
+            let (locker, name) = (next_client.clone(), name.clone());
+            async move { locker.acquire(&name, &fair(LockOptions::watchdog(long).wait(long))).await }
+        });
+        eventually("the next waiter queues behind it", timing.margin, || {
+            let next = next_client.clone();
+            async move { next.stats().waiting > 0 }
+        })
+        .await;
+        let died_at = Instant::now();
+        faulty.link.cut();
+        let holder_token = holder.token();
+        holder.release().await.expect("release");
+        let next = tokio::time::timeout(bound + timing.margin, behind)
+            .await
+            .unwrap_or_else(|_| panic!("a dead head of the queue kept a free lock for more than {bound:?}"))
+            .expect("join")
+            .expect("the waiter behind a dead head is granted");
+        let after = died_at.elapsed();
+        assert!(after < bound, "granted {after:?} after the head of the queue died; a place lasts {MAX_PLACE_LAPSE:?}");
+        assert!(next.token() > holder_token);
+        next.release().await.expect("release");
+        assert!(dying.await.expect("join").is_err(), "the cut-off waiter was granted");
+    } else {
+        assert_unsupported("a fair acquire", holder_client.try_acquire(&name, &fair(LockOptions::new())).await);
+    }
+
+    let name = unique_name("dead-writer");
+    if caps.shared {
+        let faulty = f.faulty_client().await;
+        let reader = holder_client.acquire(&name, &watchdog(f, Duration::ZERO).read()).await.expect("read");
+        let dying = tokio::spawn({
+            let (locker, name) = (faulty.locker.clone(), name.clone());
+            async move { locker.acquire(&name, &LockOptions::fixed(long).wait(long).write()).await }
+        });
+        eventually("the writer that will die waits", timing.margin, || waits(&faulty)).await;
+        let died_at = Instant::now();
+        faulty.link.cut();
+        let joined = next_client
+            .acquire(&name, &LockOptions::watchdog(long).wait(bound + timing.margin).read())
+            .await
+            .expect("a reader is let in once the dead writer's place lapsed");
+        let after = died_at.elapsed();
+        assert!(after < bound, "a dead writer kept readers out for {after:?}; a place lasts {MAX_PLACE_LAPSE:?}");
+        assert!(!reader.is_lost(), "the first reader lost its hold");
+        joined.release().await.expect("release");
+        reader.release().await.expect("release");
+        assert!(dying.await.expect("join").is_err(), "the cut-off writer was granted");
+    } else {
+        assert_unsupported("a reader", holder_client.try_acquire(&name, &LockOptions::new().read()).await);
+    }
 }

@@ -13,13 +13,14 @@ mod faults;
 mod lifecycle;
 mod primitives;
 mod recipes;
+mod storage;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
-use crate::fixture::{Evict, Faults, Fixture, FullFixture, Needs, Restart};
+use crate::fixture::{Evict, Faults, Fixture, FullFixture, Needs, Restart, Storage};
 use dlock_core::{LockError, LockName, LockOptions};
 
 pub use ambiguity::*;
@@ -31,6 +32,7 @@ pub use faults::*;
 pub use lifecycle::*;
 pub use primitives::*;
 pub use recipes::*;
+pub use storage::*;
 
 /// How to run one property: a function of the fixture trait it needs.
 #[derive(Clone, Copy)]
@@ -43,6 +45,8 @@ pub enum Run {
     Faults(for<'a> fn(&'a dyn Faults) -> BoxFuture<'a, ()>),
     /// Needs to restart the backend.
     Restart(for<'a> fn(&'a dyn Restart) -> BoxFuture<'a, ()>),
+    /// Needs to count what the backend stores.
+    Storage(for<'a> fn(&'a dyn Storage) -> BoxFuture<'a, ()>),
 }
 
 impl std::fmt::Debug for Run {
@@ -52,6 +56,7 @@ impl std::fmt::Debug for Run {
             Run::Evict(_) => "Run::Evict",
             Run::Faults(_) => "Run::Faults",
             Run::Restart(_) => "Run::Restart",
+            Run::Storage(_) => "Run::Storage",
         })
     }
 }
@@ -73,6 +78,7 @@ impl Case {
             Run::Evict(_) => Needs::Evict,
             Run::Faults(_) => Needs::Faults,
             Run::Restart(_) => Needs::Restart,
+            Run::Storage(_) => Needs::Storage,
         }
     }
 
@@ -83,6 +89,7 @@ impl Case {
             Run::Evict(run) => run(fixture),
             Run::Faults(run) => run(fixture),
             Run::Restart(run) => run(fixture),
+            Run::Storage(run) => run(fixture),
         }
     }
 
@@ -119,6 +126,7 @@ macro_rules! for_each_case {
             fair_order_holds_within_one_client: Clients,
             stale_lease_cannot_release_or_extend: Evict,
             vanished_holder_frees_within_ttl: Faults,
+            dead_waiter_gives_up_its_place_soon: Faults,
             watchdog_keeps_lock: Clients,
             fixed_lease_expires: Clients,
             extend_prolongs_lease: Clients,
@@ -150,17 +158,23 @@ macro_rules! for_each_case {
             multilock_overlapping_sets_do_not_deadlock: Clients,
             multilock_failure_leaves_no_partial_holds: Faults,
             multilease_combines_its_parts: Evict,
+            multilock_parts_are_live_when_granted: Clients,
+            recipes_refuse_options_that_share_them: Clients,
             rwlock_readers_share_and_a_writer_excludes: Clients,
             rwlock_waiting_writer_keeps_new_readers_out: Clients,
             rwlock_writers_never_hold_beside_anyone: Clients,
             cancelled_reader_leaves_nothing: Clients,
             semaphore_admits_at_most_n: Clients,
             semaphore_permits_change_at_run_time: Clients,
+            semaphore_mixed_counts_never_crowd_a_holder: Clients,
+            semaphore_reentry_with_another_count_takes_another_permit: Clients,
             semaphore_permit_of_a_vanished_holder_comes_back: Faults,
             hold_kinds_exclude_each_other: Clients,
             hold_kinds_survive_frozen_holders: Faults,
             election_one_leader_per_term_seen_in_order: Clients,
             election_vanished_leader_is_replaced_after_it_knows: Faults,
+            election_store_whose_reply_was_lost_is_confirmed: Faults,
+            idle_names_leave_nothing_behind: Storage,
         }
     };
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_core::{HoldKind, LockName, LockOptions, Locker};
+use dlock_core::{HoldKind, LockName, LockOptions, Locker, OwnerId};
 
 use super::{assert_unsupported, eventually, unique_name, watchdog};
 use crate::fixture::{Faults, Fixture};
@@ -275,8 +275,10 @@ pub async fn semaphore_admits_at_most_n(f: &dyn Fixture) {
     assert!(out.most() > 1, "permits were never out together");
 }
 
-/// The number of permits travels with each request: a request for fewer permits than
-/// are out waits, one for more is granted, and the holders keep theirs.
+/// The number of permits travels with each request, and no holder ever gets more
+/// company than its own number allows: a request for fewer permits than are out waits,
+/// and so does one for more while holders of a smaller number are out; once they are
+/// gone, the larger number admits as many as it says.
 pub async fn semaphore_permits_change_at_run_time(f: &dyn Fixture) {
     let name = unique_name("sem-resize");
     let (a, b, c) = (f.client().await, f.client().await, f.client().await);
@@ -288,11 +290,116 @@ pub async fn semaphore_permits_change_at_run_time(f: &dyn Fixture) {
     let second = b.try_acquire(&name, &opts(2)).await.expect("permit").expect("permit");
     assert!(c.try_acquire(&name, &opts(1)).await.expect("permit").is_none(), "granted past a lowered count");
     assert!(c.try_acquire(&name, &opts(2)).await.expect("permit").is_none(), "granted past the count");
-    let third = c.try_acquire(&name, &opts(3)).await.expect("permit").expect("a raised count admits one more");
-    for lease in [first, second, third] {
+    assert!(
+        c.try_acquire(&name, &opts(3)).await.expect("permit").is_none(),
+        "a third holder was granted beside two that asked for at most two"
+    );
+    second.release().await.expect("release");
+    let third = c.try_acquire(&name, &opts(3)).await.expect("permit").expect("a second permit of two is free");
+    first.release().await.expect("release");
+    let fourth = a.try_acquire(&name, &opts(3)).await.expect("permit").expect("three admit a second");
+    let fifth = b
+        .try_acquire(&name, &opts(3))
+        .await
+        .expect("permit")
+        .expect("once the holders of two are gone, three admit three");
+    for lease in [third, fourth, fifth] {
         assert!(!lease.is_lost(), "changing the count broke a holder");
         lease.release().await.expect("release");
     }
+}
+
+/// Permit requests with different counts on one name, from several clients: a request
+/// for more permits never overtakes an earlier one waiting for fewer, and no holder is
+/// ever beside more holders than its own count allows (the history checker judges every
+/// grant against the count of each holder it joined). The tokens of the grants rise in
+/// the order they were made.
+pub async fn semaphore_mixed_counts_never_crowd_a_holder(f: &dyn Fixture) {
+    let name = unique_name("sem-mixed");
+    let clients = [f.client().await, f.client().await, f.client().await];
+    if !grants(&*clients[0], &name, HoldKind::Permit { permits: 2 }).await {
+        return;
+    }
+    let margin = f.timing().margin;
+    let history = History::new();
+    let (two, one, three) = (0, 1, 2);
+    let kinds = [HoldKind::Permit { permits: 2 }, HoldKind::Permit { permits: 1 }, HoldKind::Permit { permits: 3 }];
+    for (process, kind) in kinds.iter().enumerate() {
+        history.set_kind(process, *kind);
+    }
+    let opts = |kind: HoldKind| watchdog(f, margin * 6).kind(kind);
+
+    history.record(two, Op::Acquire, Phase::Invoke, None);
+    let first = clients[two].acquire(&name, &opts(kinds[two])).await.expect("a free semaphore");
+    history.record(two, Op::Acquire, Phase::Ok, Some(first.token()));
+
+    // Each waiter holds a while once granted, so that a later grant beside it shows.
+    let waiter = |process: usize| {
+        let (client, name, opts, history) =
+            (clients[process].clone(), name.clone(), opts(kinds[process]), history.clone());
+        tokio::spawn(async move {
+            history.record(process, Op::Acquire, Phase::Invoke, None);
+            let lease = client.acquire(&name, &opts).await.expect("a waiting permit is granted");
+            history.record(process, Op::Acquire, Phase::Ok, Some(lease.token()));
+            let granted = (Instant::now(), lease.token());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            history.record(process, Op::Release, Phase::Invoke, None);
+            lease.release().await.expect("release");
+            granted
+        })
+    };
+    let smaller = waiter(one);
+    eventually("the request for one permit waits", margin, || {
+        let client = clients[one].clone();
+        async move { client.stats().waiting > 0 }
+    })
+    .await;
+    let larger = waiter(three);
+    eventually("the request for three permits waits or is granted", margin, || {
+        let (client, larger) = (clients[three].clone(), &larger);
+        async move { client.stats().waiting > 0 || larger.is_finished() }
+    })
+    .await;
+    history.record(two, Op::Release, Phase::Invoke, None);
+    first.release().await.expect("release");
+
+    let (smaller_at, smaller_token) = smaller.await.expect("join");
+    let (larger_at, larger_token) = larger.await.expect("join");
+    assert!(
+        smaller_at < larger_at,
+        "a request for three permits was granted before an earlier one that waited for one"
+    );
+    assert!(smaller_token < larger_token, "tokens of the grants do not rise in the order they were made");
+    let report = history.check();
+    assert!(report.is_clean(), "a permit holder had more company than its count allows: {report}");
+}
+
+/// An owner that holds a permit and asks for a permit with another count takes another
+/// permit (another token), and re-enters its permit when it asks with the same count,
+/// the same way on every backend.
+pub async fn semaphore_reentry_with_another_count_takes_another_permit(f: &dyn Fixture) {
+    let name = unique_name("sem-reenter");
+    let client = f.client().await;
+    if !grants(&*client, &name, HoldKind::Permit { permits: 3 }).await {
+        return;
+    }
+    let owner = OwnerId::new(format!("sem-owner-{:016x}", fastrand::u64(..))).expect("owner");
+    let opts = |permits| watchdog(f, Duration::ZERO).permits(permits).owner(owner.clone());
+    if !client.capabilities().reentrant {
+        assert_unsupported("an explicit owner", client.try_acquire(&name, &opts(3)).await);
+        return;
+    }
+    let first = client.try_acquire(&name, &opts(3)).await.expect("permit").expect("a free semaphore");
+    let again = client.try_acquire(&name, &opts(3)).await.expect("permit").expect("the owner re-enters its permit");
+    assert_eq!(again.token(), first.token(), "a re-entry with the same count keeps the permit's token");
+    let other = client.try_acquire(&name, &opts(4)).await.expect("permit").expect("another count takes another permit");
+    assert_ne!(other.token(), first.token(), "a request with another count re-entered a permit of three");
+    assert!(other.token() > first.token());
+    for lease in [other, again, first] {
+        assert!(!lease.is_lost());
+        lease.release().await.expect("release");
+    }
+    assert!(client.inspect(&name).await.expect("inspect").holder.is_none(), "a permit stayed after its releases");
 }
 
 /// Semaphores and read-write locks refuse bad input, and the kinds keep apart: a

@@ -4,7 +4,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_core::{idempotent, IdempotentError, IdempotentOptions, LockError, LockName, Locker, MultiLock, RunOutcome};
+use dlock_core::{
+    campaign, idempotent, HoldKind, IdempotentError, IdempotentOptions, LockError, LockName, LockOptions, Locker,
+    MultiLock, OwnerId, RunOutcome,
+};
 
 use super::{assert_unsupported, eventually, unique_name, watchdog};
 use crate::fixture::{Evict, Faults, Fixture};
@@ -358,4 +361,75 @@ pub async fn multilease_combines_its_parts(f: &dyn Evict) {
         let again = checker.try_acquire(name, &watchdog(f, Duration::ZERO)).await.expect("try_acquire");
         assert!(again.is_some(), "{name} stayed held after the multi-lease's release");
     }
+}
+
+/// A multi-lock returns only when every part is live: a `Fixed` part whose ttl ran out
+/// while a later part was awaited is taken again (or the acquire fails), never handed
+/// back lapsed, and another client cannot take any part of what it returned.
+pub async fn multilock_parts_are_live_when_granted(f: &dyn Fixture) {
+    let timing = f.timing();
+    let (client, other, checker) = (f.client().await, f.client().await, f.client().await);
+    let base = unique_name("multi-live");
+    let (first, last) =
+        (LockName::new(format!("{base}/a")).expect("name"), LockName::new(format!("{base}/b")).expect("name"));
+    let fixed = LockOptions::fixed(timing.ttl).wait(timing.ttl * 4 + timing.margin * 2);
+    if !client.capabilities().fixed {
+        let multi = MultiLock::on(client, [first, last]).expect("names");
+        assert_unsupported("a multi-lock of fixed leases", multi.acquire(&fixed).await);
+        return;
+    }
+    // The last part is busy for two ttls: the first part's fixed lease runs out meanwhile.
+    let blocker = other.acquire(&last, &watchdog(f, Duration::ZERO)).await.expect("hold the last part");
+    let hold_for = timing.ttl * 2;
+    let unblock = tokio::spawn(async move {
+        tokio::time::sleep(hold_for).await;
+        blocker.release().await
+    });
+    let multi = MultiLock::on(client, [first.clone(), last.clone()]).expect("names");
+    assert_eq!(multi.names().next(), Some(&first), "the first part is taken first");
+    let lease = multi.acquire(&fixed).await.expect("the multi-lock is granted once the last part is free");
+    for part in lease.leases() {
+        assert!(
+            !part.is_lost() && !part.remaining().is_zero(),
+            "{} was handed back lapsed ({:?}, {:?} left)",
+            part.name(),
+            part.lost_reason(),
+            part.remaining()
+        );
+    }
+    for name in [&first, &last] {
+        let intruder = checker.try_acquire(name, &watchdog(f, Duration::ZERO)).await.expect("try_acquire");
+        assert!(intruder.is_none(), "{name}, a part of a granted multi-lease, was free for another client");
+    }
+    unblock.await.expect("join").expect("release the blocker");
+    lease.release().await.expect("release");
+}
+
+/// Leader election and idempotent work refuse options that would let two candidates
+/// lead, or a duplicate run, at once: a reader's or a permit's lease, and (for
+/// idempotent work) an explicit owner, which a duplicate could re-enter. Nothing is left
+/// held.
+pub async fn recipes_refuse_options_that_share_them(f: &dyn Fixture) {
+    let client = f.client().await;
+    let name = unique_name("recipe-options");
+    let runs = AtomicUsize::new(0);
+    for kind in [HoldKind::Shared, HoldKind::Permit { permits: 2 }] {
+        let opts = watchdog(f, Duration::ZERO).kind(kind);
+        let elected = campaign(&*client, &name, b"leader", &opts).await;
+        assert!(matches!(elected, Err(LockError::InvalidInput(_))), "a campaign with a {kind:?} lease: {elected:?}");
+        let ran = run(&*client, &name, &IdempotentOptions::new().with_lock(opts), &runs, "x").await;
+        assert!(
+            matches!(ran, Err(IdempotentError::Lock(LockError::InvalidInput(_)))),
+            "idempotent work with a {kind:?} lease: {ran:?}"
+        );
+    }
+    let owner = OwnerId::new(format!("recipe-owner-{:016x}", fastrand::u64(..))).expect("owner");
+    let with_owner = IdempotentOptions::new().with_lock(watchdog(f, Duration::ZERO).owner(owner));
+    let ran = run(&*client, &name, &with_owner, &runs, "x").await;
+    assert!(
+        matches!(ran, Err(IdempotentError::Lock(LockError::InvalidInput(_)))),
+        "idempotent work with an explicit owner: {ran:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "refused work ran");
+    assert!(client.inspect(&name).await.expect("inspect").holder.is_none(), "a refused recipe left a hold");
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
+use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Storage, Timing};
 use dlock_core::{ConnectConfig, LockError, LockName, Locker};
 use dlock_etcd::{EtcdConfig, EtcdLocker};
 use dlock_testkit::proxy::FaultProxy;
@@ -110,7 +110,13 @@ impl Fixture for EtcdFixture {
     fn timing(&self) -> Timing {
         // etcd grants whole-second leases (the test servers honour 1 s); 2 s leave the
         // watchdog room for a loaded machine that pauses the client for a few hundred ms.
-        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(3), op_timeout: OP_TIMEOUT }
+        Timing {
+            ttl: Duration::from_secs(2),
+            margin: Duration::from_secs(3),
+            op_timeout: OP_TIMEOUT,
+            // etcd keeps nothing of an idle name: its keys go with their leases.
+            idle: Duration::ZERO,
+        }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -127,6 +133,19 @@ impl Evict for EtcdFixture {
         let resp = kv.get(dir, Some(first)).await.expect("read the holder's key");
         let holder = resp.kvs().first().expect("the lock has a holder to evict").key().to_vec();
         kv.delete(holder, None).await.expect("delete the holder's key");
+    }
+}
+
+#[async_trait]
+impl Storage for EtcdFixture {
+    async fn records(&self, prefix: &str) -> usize {
+        // Names are percent-encoded one character at a time, so the encoding of a prefix is
+        // a prefix of the encoding of every name that starts with it.
+        let encoded = LockName::new(prefix).expect("a prefix that is a lock name").encoded();
+        let key = format!("{}/{encoded}", self.admin.backend().prefix());
+        let mut kv = self.etcd().await.kv_client();
+        let resp = kv.get(key, Some(GetOptions::new().with_prefix().with_count_only())).await.expect("count keys");
+        usize::try_from(resp.count()).expect("a count")
     }
 }
 

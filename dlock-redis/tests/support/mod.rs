@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
+use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Storage, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_redis::scripts::{scripts, Invocation};
 use dlock_redis::{AccessConfig, ConnectConfig, LockKeys, RedisConfig, Topology};
@@ -20,6 +20,9 @@ use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer}
 
 /// Operation timeout of the fixture's clients.
 pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long the fixture's clients keep an idle name's fence counter.
+pub(crate) const IDLE: Duration = Duration::from_secs(1);
 
 /// Connect timeout of the fixture's clients: connecting (and loading the scripts) on a
 /// loaded machine can take longer than one operation.
@@ -136,7 +139,7 @@ impl Fixture for RedisFixture {
     fn timing(&self) -> Timing {
         // 1,000 leases renewed every ttl/3 over one connection must keep up on a shared
         // 2-core machine running debug builds of several test processes at once.
-        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(3), op_timeout: OP_TIMEOUT }
+        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(3), op_timeout: OP_TIMEOUT, idle: IDLE }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -150,6 +153,44 @@ impl Evict for RedisFixture {
         let keys = dlock_redis::KeyLayout::new(self.config.prefix()).unwrap().lock(name);
         let mut admin = self.admin().await;
         let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut admin).await.expect("DEL the hold");
+    }
+}
+
+#[async_trait]
+impl Storage for RedisFixture {
+    async fn records(&self, prefix: &str) -> usize {
+        count_keys(&mut self.admin().await, self.config.prefix(), prefix).await
+    }
+}
+
+/// How many keys one server has for the lock names that start with `name_prefix`, under
+/// the key prefix `key_prefix` (keys past their ttl do not count: `SCAN` skips them).
+pub(crate) async fn count_keys(
+    admin: &mut redis::aio::MultiplexedConnection,
+    key_prefix: &str,
+    name_prefix: &str,
+) -> usize {
+    // A name's keys start with `<prefix>:{<encoded name>`, and the encoding of a prefix
+    // is a prefix of the encoding of every name that starts with it. Encoded names have
+    // no glob characters.
+    let encoded = LockName::new(name_prefix).expect("a prefix that is a lock name").encoded();
+    let pattern = format!("{key_prefix}:{{{encoded}*");
+    let (mut cursor, mut count) = (0u64, 0usize);
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(admin)
+            .await
+            .expect("SCAN");
+        count += keys.len();
+        if next == 0 {
+            return count;
+        }
+        cursor = next;
     }
 }
 

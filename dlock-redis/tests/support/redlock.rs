@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
+use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Storage, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_redis::redlock::{self, RedLockConfig};
 use dlock_redis::{AccessConfig, ConnectConfig, Node};
@@ -155,7 +155,12 @@ impl Fixture for RedLockFixture {
         // one: 1,000 leases renewed every ttl/3 cost the client about four times the CPU.
         // For the same headroom on a shared 2-core machine running debug builds, the ttl
         // is three times the single server's.
-        Timing { ttl: Duration::from_secs(6), margin: Duration::from_secs(4), op_timeout: OP_TIMEOUT }
+        Timing {
+            ttl: Duration::from_secs(6),
+            margin: Duration::from_secs(4),
+            op_timeout: OP_TIMEOUT,
+            idle: super::IDLE,
+        }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -171,6 +176,17 @@ impl Evict for RedLockFixture {
             let mut admin = self.admin(index).await;
             let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut admin).await.expect("DEL the hold");
         }
+    }
+}
+
+#[async_trait]
+impl Storage for RedLockFixture {
+    async fn records(&self, prefix: &str) -> usize {
+        let mut total = 0;
+        for index in 0..self.config.nodes().len() {
+            total += super::count_keys(&mut self.admin(index).await, self.config.prefix(), prefix).await;
+        }
+        total
     }
 }
 

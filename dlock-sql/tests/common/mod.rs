@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Timing};
+use dlock_conformance::{Evict, Fault, Faults, FaultyClient, Fixture, Link, Restart, Storage, Timing};
 use dlock_core::{ConnectConfig, LockError, LockName, Locker};
 use dlock_sql::{Dialect, SqlConfig, SqlLink, SqlLocker};
 use dlock_testkit::proxy::FaultProxy;
@@ -57,6 +57,12 @@ pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Opening a connection to a server that is starting up on a loaded machine can take a
 /// while; a lock operation may not.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the fixtures' clients keep an idle name's row.
+pub(crate) const IDLE: Duration = Duration::from_secs(1);
+
+/// Every table a locker with the default prefix writes.
+const TABLES: [&str; 5] = ["dlock_leases", "dlock_results", "dlock_holds", "dlock_advisory", "dlock_advisory_results"];
 
 /// Room for the many sessions the advisory tests open.
 const MAX_CONNECTIONS: u32 = 1200;
@@ -115,6 +121,43 @@ impl SqlFixture {
             links: Mutex::new(Vec::new()),
             proxies: Mutex::new(Vec::new()),
         }
+    }
+
+    /// How many rows the lock tables keep for names that start with `prefix` (a table the
+    /// fixture's lockers have not made yet counts none).
+    pub(crate) async fn records(&self, prefix: &str) -> usize {
+        // Test names have no LIKE wildcards but `_`, which only widens the match.
+        let pattern = format!("{prefix}%");
+        let mut total = 0usize;
+        for table in TABLES {
+            let sql = format!("SELECT COUNT(*) FROM {table} WHERE name LIKE ?");
+            let count: Result<i64, sqlx::Error> = match self.db {
+                #[cfg(feature = "postgres")]
+                Kind::Postgres => {
+                    let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+                    let sql = sql.replace('?', "$1");
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone())).bind(&pattern).fetch_one(&pool).await
+                }
+                #[cfg(feature = "mysql")]
+                Kind::MariaDb => {
+                    let pool = sqlx::MySqlPool::connect(&self.url).await.expect("connect");
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone())).bind(&pattern).fetch_one(&pool).await
+                }
+                #[cfg(feature = "sqlite")]
+                Kind::Sqlite => {
+                    let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone())).bind(&pattern).fetch_one(&pool).await
+                }
+                #[allow(unreachable_patterns)]
+                _ => panic!("{:?} is not compiled in", self.db),
+            };
+            match count {
+                Ok(count) => total += usize::try_from(count).expect("a count"),
+                Err(sqlx::Error::Database(e)) if missing_table(e.message()) => {}
+                Err(e) => panic!("count the rows of {table}: {e}"),
+            }
+        }
+        total
     }
 
     pub(crate) fn url(&self) -> &str {
@@ -203,6 +246,11 @@ pub(crate) fn config(url: &str) -> SqlConfig {
         .with_pool_size(10)
 }
 
+/// Whether a database error says the table does not exist (PostgreSQL, MariaDB, SQLite).
+fn missing_table(message: &str) -> bool {
+    message.contains("does not exist") || message.contains("doesn't exist") || message.contains("no such table")
+}
+
 /// `host:port` of a server URL.
 fn authority(url: &str) -> Option<SocketAddr> {
     let rest = url.split_once("://")?.1;
@@ -233,7 +281,7 @@ impl Fixture for LeaseFixture {
     fn timing(&self) -> Timing {
         // Renewals every 667 ms with 1.3 s to spare: reliable while other test processes
         // keep the database servers and the two cores busy.
-        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(4), op_timeout: OP_TIMEOUT }
+        Timing { ttl: Duration::from_secs(2), margin: Duration::from_secs(4), op_timeout: OP_TIMEOUT, idle: IDLE }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -245,6 +293,13 @@ impl Fixture for LeaseFixture {
 impl Evict for LeaseFixture {
     async fn evict(&self, name: &LockName) {
         self.0.admin.backend().evict(name).await.expect("evict");
+    }
+}
+
+#[async_trait]
+impl Storage for LeaseFixture {
+    async fn records(&self, prefix: &str) -> usize {
+        self.0.records(prefix).await
     }
 }
 
@@ -302,7 +357,12 @@ impl Fixture for AdvisoryFixture {
         // Each held lock is a session of its own, opened on demand (on PostgreSQL a new
         // server process) and pinged within the ttl: holding a thousand of them at once on a
         // machine shared with other test runs needs more room than the lease table.
-        Timing { ttl: Duration::from_secs(6), margin: Duration::from_secs(8), op_timeout: ADVISORY_OP_TIMEOUT }
+        Timing {
+            ttl: Duration::from_secs(6),
+            margin: Duration::from_secs(8),
+            op_timeout: ADVISORY_OP_TIMEOUT,
+            idle: IDLE,
+        }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -316,6 +376,13 @@ impl Evict for AdvisoryFixture {
     async fn evict(&self, name: &LockName) {
         let admin = dlock_sql::connect_advisory(advisory_config(&self.0.url)).await.expect("connect the admin client");
         admin.backend().evict(name).await.expect("evict");
+    }
+}
+
+#[async_trait]
+impl Storage for AdvisoryFixture {
+    async fn records(&self, prefix: &str) -> usize {
+        self.0.records(prefix).await
     }
 }
 

@@ -38,6 +38,9 @@ pub struct ZooKeeperConfig {
     /// How often the server deletes empty container nodes
     /// (`znode.container.checkIntervalMs`; the server's default is 60 s).
     pub container_check_interval: Duration,
+    /// How many empty container nodes the server deletes per minute at most
+    /// (`znode.container.maxPerMinute`; the server's default is 10,000).
+    pub container_max_per_minute: u32,
     /// More `key=value` lines for `zoo.cfg`.
     pub extra_config: Vec<String>,
 }
@@ -49,6 +52,7 @@ impl Default for ZooKeeperConfig {
             min_session_timeout: Duration::from_millis(200),
             max_session_timeout: Duration::from_secs(120),
             container_check_interval: Duration::from_secs(60),
+            container_max_per_minute: 10_000,
             extra_config: Vec::new(),
         }
     }
@@ -157,6 +161,7 @@ fn spawn_member(name: String, files: &MemberFiles, config: &ZooKeeperConfig) -> 
     let spec = java_command()?
         .args([
             format!("-Dznode.container.checkIntervalMs={}", config.container_check_interval.as_millis()),
+            format!("-Dznode.container.maxPerMinute={}", config.container_max_per_minute),
             "org.apache.zookeeper.server.quorum.QuorumPeerMain".to_string(),
             files.cfg.display().to_string(),
         ])

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Timing};
+use dlock_conformance::{Evict, Faults, FaultyClient, Fixture, Restart, Storage, Timing};
 use dlock_core::{LockError, LockName, Locker};
 use dlock_testkit::proxy::FaultProxy;
 use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperServer};
@@ -27,6 +27,10 @@ pub(crate) const MARGIN: Duration = Duration::from_secs(3);
 /// (its JIT still warming up) can take a second on a loaded machine.
 pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often the test server deletes empty lock znodes: the time an idle name's znode
+/// outlives it.
+pub(crate) const IDLE: Duration = Duration::from_secs(1);
+
 /// A ZooKeeper under test.
 pub(crate) struct ZkFixture {
     server: Option<Mutex<ZooKeeperServer>>,
@@ -41,7 +45,12 @@ impl ZkFixture {
             let config = ZkConfig::from_url(&url).expect("DLOCK_TEST_ZOOKEEPER_URL is a zk:// URL");
             return ZkFixture { server: None, config: client_config(config), proxies: Mutex::new(Vec::new()) };
         }
-        Self::with_server_config(ZooKeeperConfig::default()).await
+        Self::with_server_config(ZooKeeperConfig {
+            container_check_interval: IDLE,
+            container_max_per_minute: 1_000_000,
+            ..ZooKeeperConfig::default()
+        })
+        .await
     }
 
     /// A fixture over a fresh local standalone server with these settings (always local:
@@ -129,7 +138,7 @@ pub(crate) async fn queue(admin: &zk::Client, lock_path: &str) -> Vec<String> {
 #[async_trait]
 impl Fixture for ZkFixture {
     fn timing(&self) -> Timing {
-        Timing { ttl: TTL, margin: MARGIN, op_timeout: OP_TIMEOUT }
+        Timing { ttl: TTL, margin: MARGIN, op_timeout: OP_TIMEOUT, idle: IDLE }
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -144,6 +153,23 @@ impl Evict for ZkFixture {
         let lock_path = self.config.lock_path(name);
         let head = queue(&admin, &lock_path).await.into_iter().next().expect("the lock has a holder to evict");
         admin.delete(&format!("{lock_path}/{head}"), None).await.expect("delete the holder's node");
+    }
+}
+
+#[async_trait]
+impl Storage for ZkFixture {
+    async fn records(&self, prefix: &str) -> usize {
+        // A name's znodes (its lock's and its result's) are children of the root whose
+        // names start with the name's encoding, and the encoding of a prefix is a prefix
+        // of it.
+        let probe = self.config.lock_path(&LockName::new(prefix).expect("a prefix that is a lock name"));
+        let (root, encoded) = probe.rsplit_once('/').expect("a path under the root");
+        let root = if root.is_empty() { "/" } else { root };
+        match self.admin().await.list_children(root).await {
+            Ok(children) => children.iter().filter(|child| child.starts_with(encoded)).count(),
+            Err(zk::Error::NoNode) => 0,
+            Err(err) => panic!("list {root}: {err}"),
+        }
     }
 }
 

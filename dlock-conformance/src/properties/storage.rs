@@ -1,0 +1,81 @@
+//! What a backend keeps per name: nothing, once a name has been idle for its keep time
+//! and its results have expired, and never at the cost of a token going back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{idempotent, FencingToken, IdempotentOptions, LockName, LockOptions, Locker, RunOutcome};
+use futures::stream::{self, StreamExt};
+
+use super::{eventually, unique_name};
+use crate::fixture::Storage;
+
+/// How many names the property leaves behind, as a service keying idempotent work per
+/// request would.
+pub const IDLE_NAMES: usize = 10_000;
+
+/// How many of them are run at once.
+const AT_ONCE: usize = 32;
+
+/// Runs `key` once, as idempotent work where the backend stores results (else a plain
+/// acquire and release), and returns the token it ran under.
+async fn use_once(locker: &dyn Locker, key: &LockName, retention: Duration) -> FencingToken {
+    let lock = LockOptions::watchdog(Duration::from_secs(30));
+    if !locker.capabilities().results {
+        let lease = locker.try_acquire(key, &lock).await.expect("try_acquire").expect("a fresh name is free");
+        let token = lease.token();
+        lease.release().await.expect("release");
+        return token;
+    }
+    let opts = IdempotentOptions::new().with_lock(lock).with_retention(retention);
+    let ran = idempotent(locker, key, &opts, |lease| async move { Ok::<_, String>(lease.token().get()) }, || 0)
+        .await
+        .expect("idempotent work on a fresh key");
+    match ran {
+        RunOutcome::Ran(token) => FencingToken::new(token),
+        other => panic!("{key}: a fresh key did not run its work: {other:?}"),
+    }
+}
+
+/// [`IDLE_NAMES`] idempotent keys (plain locks where the backend stores no results),
+/// each used once: once their results have expired and the names have been idle for the
+/// backend's keep time, a sweep leaves nothing of them on the server, and a name used
+/// again still gets a token above every one it had.
+pub async fn idle_names_leave_nothing_behind(f: &dyn Storage) {
+    let timing = f.timing();
+    let client: Arc<dyn Locker> = f.client().await;
+    let base = unique_name("idle");
+    let prefix = format!("{base}/");
+    let retention = Duration::from_secs(1);
+    let names: Vec<LockName> = (0..IDLE_NAMES).map(|n| LockName::new(format!("{prefix}{n}")).expect("name")).collect();
+    let tokens: Vec<FencingToken> = stream::iter(names.clone())
+        .map(|name| {
+            let client = client.clone();
+            async move { use_once(&*client, &name, retention).await }
+        })
+        .buffered(AT_ONCE)
+        .collect()
+        .await;
+    let kept = f.records(&prefix).await;
+    if client.capabilities().results {
+        // Each name's result is there: the count can see what the backend keeps.
+        assert!(kept >= IDLE_NAMES, "only {kept} records counted for {IDLE_NAMES} stored results");
+    }
+
+    tokio::time::sleep(retention.max(timing.idle) + timing.margin).await;
+    client.sweep().await.expect("sweep");
+    let (storage, prefix_seen) = (f, prefix.clone());
+    eventually("the names' records are gone", timing.margin * 2, || {
+        let prefix = prefix_seen.clone();
+        async move { storage.records(&prefix).await == 0 }
+    })
+    .await;
+
+    // Names that come back start above every token they had.
+    let highest = tokens.iter().copied().max().expect("tokens");
+    for name in [&names[0], &names[IDLE_NAMES - 1]] {
+        let lease = client.try_acquire(name, &LockOptions::new()).await.expect("try_acquire").expect("free");
+        assert!(lease.token() > highest, "{name} came back with token {} below {highest}", lease.token());
+        lease.release().await.expect("release");
+    }
+}
