@@ -34,7 +34,9 @@ pub use crate::state::LostSignal;
 pub struct RequestId(String);
 
 impl RequestId {
-    pub(crate) fn new(client: &str, n: u64) -> Self {
+    /// The id of acquire call number `n` of the client with id `client`. Clients make
+    /// them; a backend's own tests may too, to drive the backend without a client.
+    pub fn new(client: &str, n: u64) -> Self {
         RequestId(format!("{client}:{n}"))
     }
 

@@ -251,7 +251,7 @@ impl MemoryStore {
     /// use std::time::Duration;
     /// use dlock_core::memory::MemoryStore;
     ///
-    /// let store = MemoryStore::new().keep_idle_names_for(Duration::from_secs(60));
+    /// let store = MemoryStore::new().keep_idle_names_for(Duration::from_secs(10));
     /// assert_eq!(store.names_kept(""), 0);
     /// ```
     pub fn keep_idle_names_for(self, keep: Duration) -> Self {
@@ -687,4 +687,67 @@ fn baseline_request(name: &LockName) -> Result<Request, LockError> {
         fair: false,
         kind: HoldKind::Exclusive,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(name: &LockName, owner: &OwnerId, n: u64) -> Request {
+        Request {
+            name: name.clone(),
+            owner: owner.clone(),
+            id: RequestId::new("test-client", n),
+            mode: crate::LeaseMode::Watchdog { ttl: Duration::from_secs(30) },
+            blocking: false,
+            fair: false,
+            kind: HoldKind::Exclusive,
+        }
+    }
+
+    fn granted(attempt: Attempt<MemoryHold>) -> (MemoryHold, FencingToken) {
+        match attempt {
+            Attempt::Granted { hold, token } => (hold, token),
+            Attempt::Busy { .. } => panic!("the owner's own lock was busy"),
+        }
+    }
+
+    /// A re-entrant grant that was released stores nothing, though its owner still holds
+    /// the lock through another grant with the same token.
+    #[tokio::test]
+    async fn a_released_reentrant_grant_stores_nothing() {
+        let backend = MemoryStore::new().backend();
+        let (name, owner) = (LockName::new("reentrant").unwrap(), OwnerId::new("owner").unwrap());
+        let (first, token) = granted(backend.attempt(&request(&name, &owner, 1), &mut None).await.unwrap());
+        let (second, again) = granted(backend.attempt(&request(&name, &owner, 2), &mut None).await.unwrap());
+        assert_eq!(token, again);
+        assert!(matches!(backend.release(&second).await.unwrap(), Release::Released));
+        let refused = backend.store_result(&second, token, b"late", Duration::from_secs(60)).await;
+        assert!(matches!(refused, Err(LockError::NotHeld)), "a released grant stored: {refused:?}");
+        backend.store_result(&first, token, b"kept", Duration::from_secs(60)).await.unwrap();
+    }
+
+    /// A swept name comes back above the highest token the store removed, and a name in
+    /// use, or with a live result, is never swept.
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_keeps_tokens_rising_and_names_in_use() {
+        let store = MemoryStore::new().keep_idle_names_for(Duration::from_secs(10));
+        let backend = store.backend();
+        let owner = OwnerId::new("owner").unwrap();
+        let (idle, held) = (LockName::new("idle").unwrap(), LockName::new("held").unwrap());
+        let mut last = FencingToken::new(0);
+        for n in 0..3 {
+            let (hold, token) = granted(backend.attempt(&request(&idle, &owner, n), &mut None).await.unwrap());
+            backend.release(&hold).await.unwrap();
+            last = token;
+        }
+        let (kept, _) = granted(backend.attempt(&request(&held, &owner, 10), &mut None).await.unwrap());
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(backend.sweep().await.unwrap().removed, 1, "only the idle name goes");
+        assert_eq!(store.names_kept(""), 1);
+        let (hold, token) = granted(backend.attempt(&request(&idle, &owner, 20), &mut None).await.unwrap());
+        assert!(token > last, "{token} after a sweep, {last} before");
+        backend.release(&hold).await.unwrap();
+        backend.release(&kept).await.unwrap();
+    }
 }

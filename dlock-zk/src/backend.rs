@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
 use dlock_core::{
-    Capabilities, FencingToken, Holder, LeaseMode, LockError, LockInfo, LockName, LostReason, StoredResult, DEFAULT_TTL,
+    Capabilities, FencingToken, Holder, LeaseMode, LockError, LockInfo, LockName, LostReason, StoredResult, Swept,
+    DEFAULT_TTL,
 };
 use zookeeper_client as zk;
 
@@ -36,6 +37,22 @@ use crate::results::{self, Outcome};
 use crate::session::Session;
 use crate::settings::Settings;
 use crate::znode::{self, Unwanted};
+
+/// How many expired result znodes one sweep call deletes at most.
+pub(crate) const SWEEP_BATCH: usize = 1_000;
+
+/// The ttl of the session a request's node lives in. A watchdog lease's node lives as
+/// long as a session of its ttl, which is what the ttl means here. A `Fixed` lease is
+/// ended at its ttl by the client anyway, so its node lives in a session of at most
+/// [`MAX_PLACE_LAPSE`](dlock_core::MAX_PLACE_LAPSE): a waiter (or holder) that dies
+/// frees its place within seconds, however long the lease it asked for.
+fn session_ttl(req: &Request) -> Duration {
+    if req.mode.is_watchdog() {
+        req.ttl()
+    } else {
+        req.place_lapse()
+    }
+}
 
 /// The ZooKeeper backend: builds a [`Client`](dlock_core::Client) with
 /// [`connect`](crate::connect), or by hand with [`ZkBackend::connect`].
@@ -110,7 +127,9 @@ impl ZkBackend {
 
     fn hold(&self, req: &Request, session: Arc<Session>, node: Arc<Node>) -> ZkHold {
         let watchdog = matches!(req.mode, LeaseMode::Watchdog { .. });
-        ZkHold { session, node, id: self.next_hold.fetch_add(1, Ordering::Relaxed), watchdog }
+        let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
+        node.admit(id);
+        ZkHold { session, node, id, watchdog }
     }
 
     /// A re-entrant acquire: the owner already holds the lock through this client. The
@@ -263,7 +282,7 @@ impl ZkBackend {
             }
         }
         if ticket.is_none() {
-            let session = self.session(req.ttl()).await?;
+            let session = self.session(session_ttl(req)).await?;
             *ticket = Some(ZkTicket::new(session, self.settings.config.lock_path(&req.name)));
         }
         let Some(t) = ticket.as_mut() else { unreachable!("the ticket was just made") };
@@ -720,7 +739,9 @@ impl Backend for ZkBackend {
         retention: Duration,
     ) -> Result<(), LockError> {
         let node = &hold.node;
-        if !node.is_live() || node.expires_at() <= Instant::now() {
+        // The node is shared by the owner's re-entrant leases: this lease itself must still
+        // ride on it, not only the node be held.
+        if !node.rides(hold.id) || node.expires_at() <= Instant::now() {
             return Err(LockError::NotHeld);
         }
         let path = self.settings.config.result_path(&node.name);
@@ -757,6 +778,18 @@ impl Backend for ZkBackend {
         };
         let record = results::decode(&data, &path)?;
         Ok((!record.is_expired(results::now_ms())).then(|| record.to_stored()))
+    }
+
+    /// Deletes result znodes whose record has expired, at most 1,000 a call.
+    /// Lock znodes need no sweep: they are containers, which the server deletes once
+    /// empty; tokens are zxids, so no counter stays either.
+    async fn sweep(&self) -> Result<Swept, LockError> {
+        let session = self.any_session().await?;
+        results::sweep(&self.settings, &session, SWEEP_BATCH).await
+    }
+
+    fn target(&self) -> String {
+        format!("zk://{}{}", self.settings.config.connect_string(), self.settings.config.root())
     }
 
     /// A watchdog lease's renewals are what confirm its session: each keeps the hold for

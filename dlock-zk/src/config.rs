@@ -210,7 +210,7 @@ impl ZkConfig {
 }
 
 /// What a result's znode appends to its lock's path: a `.`, which no encoded name has.
-const RESULT_SUFFIX: &str = ".result";
+pub(crate) const RESULT_SUFFIX: &str = ".result";
 
 fn parse_hosts(hosts: &str) -> Result<Vec<Host>, LockError> {
     Ok(BackendUrl::parse(&format!("{SCHEME}://{hosts}"), DEFAULT_PORT)?.hosts)

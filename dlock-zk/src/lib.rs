@@ -58,13 +58,18 @@
 //!   renews. A node deleted underneath its holder is noticed at the next renewal (a
 //!   `Fixed` lease's, by the heartbeat read of the session, or when it runs out).
 //! - `Fixed(ttl)` leases are honoured, and so are `extend` and `max_hold`: the client
-//!   deletes a hold's node when its ttl passes without renewal. A holder that dies leaves
-//!   its node until its session expires instead, so a lock frees within the ttl *or* the
-//!   session timeout, whichever applies (the larger when the server clamps the timeout up).
-//!   A `Fixed` lease's validity counts from its ttl, kept by the session's heartbeats: cut
-//!   off, its lost signal still fires before the server can expire the session, but
-//!   `remaining()` may overstate the time left until then when the ttl exceeds the
-//!   session's window.
+//!   deletes a hold's node when its ttl passes without renewal. Their nodes live in
+//!   sessions of at most [`MAX_PLACE_LAPSE`](dlock_core::MAX_PLACE_LAPSE) (5 s, or the
+//!   ttl if shorter), so a holder or waiter that dies frees its place within seconds,
+//!   whatever ttl it asked for (the server may clamp the timeout up). A `Fixed` lease's
+//!   validity counts from its ttl, kept by the session's heartbeats: cut off, its lost
+//!   signal still fires before the server can expire the session, but a client frozen
+//!   for longer than the session's window (a long GC pause) may find on waking that
+//!   `remaining()` overstated the time left; it learns of the loss as its session's
+//!   expiry reaches it, and fencing covers the gap.
+//! - A waiter's place is its node, so it lapses with the node's session: within a few
+//!   seconds for a `Fixed` lease, within the ttl for a watchdog lease (ZooKeeper cannot
+//!   keep one node on two lifetimes).
 //!
 //! Re-entrancy is by owner within one client: another client acquiring with the same
 //! owner id queues behind the holder like anyone else.
@@ -99,11 +104,22 @@
 //! ZooKeeper deletes a plain znode only when asked (TTL nodes are off by default, and
 //! their deletion can race a fresh write), so the expiry lives in the record: an expired
 //! record reads as absent, and the name's next store overwrites it. Readers do not delete
-//! expired records: a delete conditional on the version read could remove a record
-//! stored after the read, since a re-created znode starts again at version 0. The result
-//! znode of a name that is never stored again stays until an operator deletes it (one
-//! whose record has expired can go at any time). Readers judge expiry by their own
-//! clocks, so clock skew between clients moves it by as much.
+//! expired records; sweeps do ([`Locker::sweep`](dlock_core::Locker::sweep), and every
+//! client in the background): one client at a time, marked by the ephemeral znode
+//! `<root>/.sweeping`, lists the root, reads the result znodes and deletes each expired
+//! one conditionally on the version read, at most 1,000 per call. One sweeper at a time
+//! is what makes that sound: a delete conditional on a version could otherwise remove a
+//! record that another sweeper deleted and a store re-created at the same version. Expiry
+//! is judged by each client's clock, so clock skew between clients moves it by as much.
+//!
+//! # What stays per name
+//!
+//! Nothing of a name nobody uses: its lock znode is a container, which the server deletes
+//! once its last child is gone (every `znode.container.checkIntervalMs`, 60 s by
+//! default, at most `znode.container.maxPerMinute` a minute), its result znode goes with
+//! the first sweep after the record's retention, and tokens are zxids, so there is no
+//! counter to keep. A flat root with many names makes listing it (for sweeps) costly:
+//! a root per application keeps it small.
 //!
 //! # What survives a restart, and failover
 //!

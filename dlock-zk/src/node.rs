@@ -31,6 +31,8 @@ struct NodeState {
     /// When the node is deleted unless renewed: the ttl, kept on the client.
     expires_at: Instant,
     signals: Vec<(u64, LostSignal)>,
+    /// The grants (hold ids) that ride on the node and have not been released.
+    grants: Vec<u64>,
 }
 
 /// What to do after a lease let go of a node, decided under the node's lock.
@@ -61,7 +63,14 @@ impl Node {
             path,
             uuid,
             token,
-            state: Mutex::new(NodeState { count: 1, lost: None, released: false, expires_at, signals: Vec::new() }),
+            state: Mutex::new(NodeState {
+                count: 1,
+                lost: None,
+                released: false,
+                expires_at,
+                signals: Vec::new(),
+                grants: Vec::new(),
+            }),
         }
     }
 
@@ -127,9 +136,23 @@ impl Node {
         }
     }
 
-    /// Forgets the lost signal of lease `id` (it is being released).
+    /// Records grant `id` as riding on the node.
+    pub(crate) fn admit(&self, id: u64) {
+        self.state().grants.push(id);
+    }
+
+    /// Whether grant `id` still rides on the node: the node is held and the grant was
+    /// not released (the owner's other grants do not count).
+    pub(crate) fn rides(&self, id: u64) -> bool {
+        let state = self.state();
+        state.lost.is_none() && !state.released && state.grants.contains(&id)
+    }
+
+    /// Forgets grant `id` and its lost signal (it is being released).
     pub(crate) fn unwatch(&self, id: u64) {
-        self.state().signals.retain(|(sid, _)| *sid != id);
+        let mut state = self.state();
+        state.signals.retain(|(sid, _)| *sid != id);
+        state.grants.retain(|grant| *grant != id);
     }
 
     /// Takes one hold off the count (a lease's release) and, still under the node's lock,

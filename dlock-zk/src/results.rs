@@ -8,9 +8,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dlock_core::{FencingToken, LockError, StoredResult};
+use dlock_core::{FencingToken, LockError, StoredResult, Swept};
+use futures::future::join_all;
 use zookeeper_client as zk;
 
+use crate::config::RESULT_SUFFIX;
 use crate::error::{is_connection_loss, lock_error, retrying};
 use crate::node::Node;
 use crate::session::Session;
@@ -190,6 +192,72 @@ pub(crate) async fn store(
             Err(err) => return Err(lock_error("store the result", err.into())),
         }
     }
+}
+
+/// The ephemeral znode a client keeps under the root while it sweeps. One sweeper at a
+/// time makes the sweep's conditional deletes sound: a record read as expired can then
+/// change before the delete only by a store, which raises its version, and never by a
+/// delete and a store that creates it afresh at the version read.
+const SWEEPER: &str = ".sweeping";
+
+/// How many reads and deletes a sweep has in flight at once.
+const SWEEP_IN_FLIGHT: usize = 64;
+
+/// Deletes the result znodes under the root whose record has expired (by this client's
+/// clock), at most `batch` of them, unless another client is sweeping already.
+pub(crate) async fn sweep(settings: &Settings, session: &Session, batch: usize) -> Result<Swept, LockError> {
+    let client = session.client();
+    let root = settings.config.root();
+    let marker = format!("{}/{SWEEPER}", root.trim_end_matches('/'));
+    let options = zk::CreateMode::Ephemeral.with_acls(settings.acls());
+    match retrying(|| client.create(&marker, &[], &options)).await {
+        Ok(_) => {}
+        // Another client sweeps, or nothing was ever stored under this root.
+        Err(zk::Error::NodeExists | zk::Error::NoNode) => return Ok(Swept::default()),
+        Err(err) => return Err(lock_error("take the sweeper's place", err)),
+    }
+    let swept = sweep_results(client, &root, batch).await;
+    // Should this fail, the place goes with the session.
+    let _ = client.delete(&marker, None).await;
+    swept
+}
+
+async fn sweep_results(client: &zk::Client, root: &str, batch: usize) -> Result<Swept, LockError> {
+    let children = match retrying(|| client.list_children(root)).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => return Ok(Swept::default()),
+        Err(err) => return Err(lock_error("list the root", err)),
+    };
+    let dir = root.trim_end_matches('/');
+    let paths: Vec<String> =
+        children.iter().filter(|child| child.ends_with(RESULT_SUFFIX)).map(|child| format!("{dir}/{child}")).collect();
+    let now = now_ms();
+    let (mut removed, mut expired) = (0usize, 0usize);
+    for chunk in paths.chunks(SWEEP_IN_FLIGHT) {
+        let reads = join_all(chunk.iter().map(|path| client.get_data(path))).await;
+        let mut doomed = Vec::new();
+        for (path, read) in chunk.iter().zip(reads) {
+            let Ok((data, stat)) = read else { continue };
+            // A znode of someone else's layout is not ours to delete.
+            if decode(&data, path).is_ok_and(|record| record.is_expired(now)) {
+                expired += 1;
+                if removed + doomed.len() < batch {
+                    doomed.push((path, stat.version));
+                }
+            }
+        }
+        // Conditional on the version read: a record stored again meanwhile stays.
+        let deletes = join_all(doomed.iter().map(|(path, version)| client.delete(path, Some(*version)))).await;
+        for (deleted, (path, _)) in deletes.into_iter().zip(&doomed) {
+            match deleted {
+                Ok(()) => removed += 1,
+                Err(zk::Error::BadVersion | zk::Error::NoNode) => {}
+                Err(err) => tracing::debug!(%path, %err, "deleting an expired result failed"),
+            }
+        }
+    }
+    // More is left only when the batch bound held some back, not when a delete lost a race.
+    Ok(Swept { removed: removed as u64, more: expired > batch })
 }
 
 #[cfg(test)]

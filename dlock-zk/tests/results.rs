@@ -191,3 +191,82 @@ async fn unreachable_server_is_unavailable() {
     assert!(started.elapsed() < Duration::from_millis(500) * 2 + MARGIN, "{:?}", started.elapsed());
     proxy.set_fault(Fault::None);
 }
+
+/// A sweep deletes result znodes whose record has expired, and only those: a live
+/// record and a znode of someone else's layout stay. While another client sweeps (its
+/// marker is under the root), a sweep deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_deletes_expired_results_only() {
+    dlock_conformance::init_tracing();
+    let fixture = ZkFixture::standalone().await;
+    let admin = fixture.admin().await;
+    let client = fixture.zk_client().await;
+    let base = unique_name("results-sweep");
+    let name = |label: &str| dlock_core::LockName::new(format!("{base}/{label}")).expect("name");
+    let (short, long, foreign) = (name("short"), name("long"), name("foreign"));
+    for (key, retention) in [(&short, Duration::from_millis(300)), (&long, RETENTION)] {
+        let lease = client.acquire(key, &LockOptions::watchdog(TTL)).await.expect("acquire");
+        lease.store_result(b"done", retention).await.expect("store");
+        lease.release().await.expect("release");
+    }
+    let foreign_path = fixture.config().result_path(&foreign);
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    admin.create(&foreign_path, b"not a record", &options).await.expect("a znode of another layout");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    // Another client's sweep is under way: this one leaves everything.
+    let marker = format!("{}/.sweeping", fixture.config().root());
+    admin.create(&marker, &[], &zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all())).await.expect("marker");
+    assert_eq!(client.sweep().await.expect("sweep").removed, 0, "swept beside another sweeper");
+    admin.delete(&marker, None).await.expect("delete the marker");
+
+    let swept = client.sweep().await.expect("sweep");
+    assert!(swept.removed >= 1, "nothing swept: {swept:?}");
+    assert_eq!(
+        admin.check_stat(&fixture.config().result_path(&short)).await.expect("stat"),
+        None,
+        "an expired record stayed"
+    );
+    assert!(
+        admin.check_stat(&fixture.config().result_path(&long)).await.expect("stat").is_some(),
+        "a live record went"
+    );
+    assert!(admin.check_stat(&foreign_path).await.expect("stat").is_some(), "a znode of another layout went");
+    assert!(matches!(admin.check_stat(&marker).await, Ok(None)), "the sweeper left its marker");
+    assert_eq!(client.load_result(&long).await.expect("load").map(|r| r.value), Some(b"done".to_vec()));
+}
+
+/// A re-entrant grant that was released stores nothing, though its owner still holds
+/// the lock (and its node) through another grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_reentrant_grant_stores_nothing() {
+    use dlock_core::backend::{Attempt, Backend, Release, Request, RequestId};
+
+    dlock_conformance::init_tracing();
+    let fixture = ZkFixture::standalone().await;
+    let client = fixture.zk_client().await;
+    let backend = client.backend();
+    let name = unique_name("results-reentrant");
+    let owner = dlock_core::OwnerId::new("reentrant-owner").expect("owner");
+    let request = |n| Request {
+        name: name.clone(),
+        owner: owner.clone(),
+        id: RequestId::new("test-client", n),
+        mode: dlock_core::LeaseMode::Watchdog { ttl: TTL },
+        blocking: false,
+        fair: false,
+        kind: dlock_core::HoldKind::Exclusive,
+    };
+    let grant = |attempt: Attempt<_>| match attempt {
+        Attempt::Granted { hold, token } => (hold, token),
+        Attempt::Busy { .. } => panic!("the owner's own lock was busy"),
+    };
+    let (first, token) = grant(backend.attempt(&request(1), &mut None).await.expect("attempt"));
+    let (second, again) = grant(backend.attempt(&request(2), &mut None).await.expect("re-entry"));
+    assert_eq!(token, again, "a re-entry keeps the token");
+    assert!(matches!(backend.release(&second).await.expect("release"), Release::Released));
+    let refused = backend.store_result(&second, token, b"late", RETENTION).await;
+    assert!(matches!(refused, Err(LockError::NotHeld)), "a released grant stored a result: {refused:?}");
+    backend.store_result(&first, token, b"kept", RETENTION).await.expect("the live grant stores");
+    assert!(matches!(backend.release(&first).await.expect("release"), Release::Released));
+}
