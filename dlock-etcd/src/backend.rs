@@ -17,6 +17,8 @@ use crate::registry::EtcdHold;
 /// [`connect`](crate::connect), which wraps it in a [`Client`](dlock_core::Client).
 pub struct EtcdBackend {
     pub(crate) shared: Arc<Shared>,
+    /// The endpoints and key prefix, as [`Backend::target`] shows them.
+    target: String,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -26,8 +28,9 @@ impl std::fmt::Debug for EtcdBackend {
 }
 
 impl EtcdBackend {
-    pub(crate) fn new(cluster: Cluster, prefix: String, op_timeout: Duration) -> Self {
-        EtcdBackend { shared: Shared::new(cluster, prefix, op_timeout) }
+    pub(crate) fn new(cluster: Cluster, prefix: String, op_timeout: Duration, endpoints: &[String]) -> Self {
+        let target = format!("{} prefix {prefix}", endpoints.join(","));
+        EtcdBackend { shared: Shared::new(cluster, prefix, op_timeout), target }
     }
 
     /// The etcd client of the member this backend talks to now, for users who keep their
@@ -53,6 +56,10 @@ impl Backend for EtcdBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::ALL
+    }
+
+    fn target(&self) -> String {
+        self.target.clone()
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<EtcdTicket>) -> Result<Attempt<EtcdHold>, LockError> {

@@ -26,7 +26,8 @@
 //! - **Queue.** The keys queue in create-revision order, and a key holds when every key
 //!   ahead of it holds and is compatible with it: an exclusive key when it is first, a
 //!   reader when only readers are ahead of it, a permit request when only permit requests
-//!   are ahead of it, fewer than its own number of permits. Grants therefore follow the
+//!   are ahead of it, fewer than its own number of permits and than the number of each of
+//!   them ([`HoldKind::joins`](dlock_core::HoldKind::joins)). Grants therefore follow the
 //!   queue (FIFO), and a waiting writer keeps the readers that come after it out (writer
 //!   preference). Each waiter watches only the deletes that can let it in: a writer the
 //!   key just ahead of its own, so a release wakes one waiter; a reader the last key ahead
@@ -35,7 +36,13 @@
 //!   32; beyond that it also looks again twice a second). A woken waiter checks again
 //!   what is ahead of it, that its own key still exists and that its lease is alive, so
 //!   a waiter whose lease expired while it was blocked never believes it holds the lock
-//!   (etcd#11456).
+//!   (etcd#11456). While it waits, a key sits on a short lease of the client's (at most
+//!   [`MAX_PLACE_LAPSE`](dlock_core::MAX_PLACE_LAPSE)), so a waiter that dies keeps the
+//!   queue behind it waiting for seconds whatever ttl it asked for; it moves back to a
+//!   lease of its ttl once it holds.
+//! - **What stays per name.** Nothing: the keys go with their release or their lease,
+//!   results ride on a lease of their retention, and the token is a revision, so there is
+//!   no counter to keep and nothing to sweep.
 //! - **Fencing token.** The holder key's create revision, for every kind of hold: etcd's
 //!   revision is global and only grows, and keys hold in create-revision order, so every
 //!   grant's token is above every earlier grant's of the name (a writer's above the
@@ -156,6 +163,6 @@ pub type EtcdLocker = Client<EtcdBackend>;
 /// operation timeout.
 pub async fn connect(config: EtcdConfig) -> Result<EtcdLocker, LockError> {
     let cluster = connect::open(&config).await?;
-    let backend = EtcdBackend::new(cluster, config.prefix().to_string(), config.op_timeout());
+    let backend = EtcdBackend::new(cluster, config.prefix().to_string(), config.op_timeout(), &config.endpoints());
     Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
 }

@@ -18,6 +18,14 @@
 //! cannot be in while they all remain, and the delete of any of them may be the one that
 //! lets it in, so no fewer will do.
 //!
+//! A request that waits does so on a short lease: its key moves (value and create
+//! revision kept, so its place and its future token stay) to the client's shared lease
+//! of the request's place lapse ([`Request::place_lapse`], at most
+//! [`MAX_PLACE_LAPSE`](dlock_core::MAX_PLACE_LAPSE)), which the waiter keeps alive, and
+//! back to a lease of its own ttl once it holds. A waiter that dies thus keeps the keys
+//! behind it waiting for seconds, not for the ttl it asked for. Requests that hold at
+//! once never move.
+//!
 //! A key's value names the owner and the requests holding the lock through it (several
 //! for re-entrant holds), so that every change to a hold is a compare-and-swap that a
 //! repeat cannot apply twice, and an acquire whose answer was lost can be undone
@@ -81,7 +89,11 @@ enum Place {
 
 /// A key of ours in a lock's queue.
 struct QueuePlace {
+    /// The lease the key is on now.
     session: Arc<Session>,
+    /// The request's own lease, while the key waits on a short one (see
+    /// [`Shared::wait_on_short_lease`]); the key moves back to it once it holds.
+    holds_on: Option<Arc<Session>>,
     dir: Vec<u8>,
     key: Vec<u8>,
     kind: HoldKind,
@@ -283,6 +295,7 @@ impl Shared {
         // given back if the attempt fails.
         *slot = Some(EtcdTicket(Place::Queued(QueuePlace {
             session: session.clone(),
+            holds_on: None,
             dir: dir.to_vec(),
             key: key.clone(),
             kind: req.kind,
@@ -321,7 +334,66 @@ impl Shared {
         let retry_after = wait.retry_after();
         place.ahead = (!wait.keys.is_empty()).then_some((wait.keys, rev));
         tracing::debug!(rev, "queued");
+        if !self.wait_on_short_lease(req, place, since).await? {
+            return Ok(Step::Requeue);
+        }
         Ok(Step::Done(Attempt::Busy { retry_after }))
+    }
+
+    /// Moves a waiting key from the request's own lease to the shared lease of the
+    /// request's place lapse ([`Request::place_lapse`]), when that is shorter: a waiter
+    /// that dies then keeps the keys behind it waiting for seconds, not for the ttl it
+    /// asked for (up to a year with a `Fixed` lease). The key moves back once it holds.
+    /// `false` when the key is gone.
+    async fn wait_on_short_lease(
+        &self,
+        req: &Request,
+        place: &mut QueuePlace,
+        since: Instant,
+    ) -> Result<bool, LockError> {
+        let secs = keys::ttl_secs(req.place_lapse());
+        if place.holds_on.is_some() || secs >= keys::ttl_secs(place.session.ttl()) {
+            return Ok(true);
+        }
+        let short = self.sessions.shared(secs).await?;
+        if !self.move_waiting_key(place, &short, since, short.ttl()).await? {
+            return Ok(false);
+        }
+        place.holds_on = Some(std::mem::replace(&mut place.session, short));
+        Ok(true)
+    }
+
+    /// Moves a queued key, value and create revision kept, to the lease of `to`, which is
+    /// kept alive for `need` from `since` alongside. `false` when the key is gone. On an
+    /// error the key may be on either lease: the ticket's give-back deletes it by name.
+    async fn move_waiting_key(
+        &self,
+        place: &QueuePlace,
+        to: &Arc<Session>,
+        since: Instant,
+        need: Duration,
+    ) -> Result<bool, LockError> {
+        let Some(rev) = place.rev else { return Err(EtcdError::Protocol("moving a key not yet queued").into()) };
+        let put = PutOptions::new().with_lease(to.id()).with_ignore_value();
+        let txn = Txn::new()
+            .when([Compare::create_revision(place.key.clone(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::put(place.key.clone(), Vec::new(), Some(put))]);
+        // A repeat moves it to the same lease again.
+        let (alive, resp) = futures::join!(to.ensure(since, need), self.read("move a waiting key", txn));
+        let resp = match resp {
+            Err(err) if is_lease_gone(&err) => {
+                to.mark_gone();
+                return Err(err);
+            }
+            other => other?,
+        };
+        if !resp.succeeded() {
+            return Ok(false);
+        }
+        if !alive? {
+            return Err(LockError::unavailable("etcd: the lease of a waiting key expired as it moved"));
+        }
+        Ok(true)
     }
 
     /// A later attempt of a queued request: in one read, whether our key still exists
@@ -348,7 +420,25 @@ impl Shared {
         // Past the read of our own key.
         let ahead = resp.op_responses().into_iter().skip(1);
         match read_ahead(ahead, &place.dir, &place.key, place.kind)? {
-            Verdict::Holds => Ok(Step::Done(self.granted(req, slot, rev)?)),
+            Verdict::Holds => {
+                if let Some(mut own) = place.holds_on.take() {
+                    // Back to a lease of the request's own: a fresh one if its own went
+                    // while the key waited elsewhere.
+                    for retry in 0..2 {
+                        if own.is_gone() {
+                            own = self.session_for(req.mode).await?;
+                        }
+                        match self.move_waiting_key(place, &own, since, req.ttl()).await {
+                            Ok(true) => break,
+                            Ok(false) => return Ok(Step::Requeue),
+                            Err(err) if retry == 0 && is_lease_gone(&err) => {}
+                            Err(err) => return Err(err),
+                        }
+                    }
+                    place.session = own;
+                }
+                Ok(Step::Done(self.granted(req, slot, rev)?))
+            }
             Verdict::Waits(wait) => {
                 let retry_after = wait.retry_after();
                 place.ahead = (!wait.keys.is_empty()).then_some((wait.keys, seen));
@@ -1215,7 +1305,7 @@ mod tests {
     fn keys_hold_in_queue_order() {
         use HoldKind::{Exclusive as W, Shared as R};
         let p = |permits| HoldKind::Permit { permits };
-        let cases: [(&[HoldKind], usize); 13] = [
+        let cases: [(&[HoldKind], usize); 15] = [
             (&[], 0),
             (&[W], 1),
             (&[W, W], 1),
@@ -1226,11 +1316,14 @@ mod tests {
             (&[R, p(5)], 1),
             (&[p(5), R], 1),
             (&[p(2), p(2), p(2)], 2),
-            // A raised number admits one more; a lowered one waits, and so does anyone
-            // behind it, whatever number it asked with.
-            (&[p(2), p(2), p(3)], 3),
+            // No holder gets more company than its own number allows: a raised number
+            // waits while holders of fewer are in; a lowered one waits, and so does
+            // anyone behind it, whatever number it asked with.
+            (&[p(2), p(2), p(3)], 2),
+            (&[p(3), p(2), p(3)], 2),
+            (&[p(3), p(3), p(3), p(2)], 3),
             (&[p(2), p(2), p(1), p(9)], 2),
-            (&[p(1), p(3), p(3), p(3)], 3),
+            (&[p(1), p(3), p(3), p(3)], 1),
             (&[p(3), p(3), p(1), p(3)], 2),
         ];
         for (kinds, holds) in cases {
@@ -1262,6 +1355,7 @@ mod tests {
             shared
                 .leave_queue(QueuePlace {
                     session: session.clone(),
+                    holds_on: None,
                     dir: dir.clone(),
                     key: key.clone(),
                     kind: HoldKind::Exclusive,

@@ -17,8 +17,9 @@ fn opts() -> LockOptions {
     LockOptions::watchdog(Duration::from_secs(5)).wait(MARGIN)
 }
 
-/// A request for more permits does not overtake one for fewer that waits ahead of it:
-/// grants follow the queue, so every grant's token is above the earlier ones'.
+/// A request for more permits does not overtake one for fewer that waits ahead of it,
+/// nor joins it once it holds (it asked for one permit, so for no company): grants
+/// follow the queue, so every grant's token is above the earlier ones'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permit_requests_keep_their_order() {
     dlock_conformance::init_tracing();
@@ -53,14 +54,17 @@ async fn permit_requests_keep_their_order() {
     let first_token = first.token();
     first.release().await.expect("release");
     let second = second.await.expect("join").expect("the second request is granted");
-    let third = third.await.expect("join").expect("the third request is granted beside the second");
-    assert!(first_token < second.token() && second.token() < third.token(), "grants out of queue order");
+    let info = admin.inspect(&name).await.expect("inspect");
+    assert_eq!(info.waiters, Some(1), "the request for five joined a holder that asked for one permit");
+    let second_token = second.token();
+    second.release().await.expect("release");
+    let third = third.await.expect("join").expect("the third request is granted once the second is out");
+    assert!(first_token < second_token && second_token < third.token(), "grants out of queue order");
 
     let info = admin.inspect(&name).await.expect("inspect");
     let holder = info.holder.expect("a holder");
     assert_eq!(holder.token, third.token(), "inspect shows the newest hold");
     assert_eq!(info.waiters, Some(0));
-    second.release().await.expect("release");
     third.release().await.expect("release");
 }
 
