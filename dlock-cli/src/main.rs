@@ -5,6 +5,7 @@ mod bench;
 mod check;
 mod demo;
 mod exit;
+mod gc;
 mod inspect;
 mod run;
 mod target;
@@ -48,6 +49,11 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Show a lock's holder, token, remaining ttl and waiters.
     Inspect(inspect::InspectArgs),
+    /// Remove what the backend keeps for names nobody uses any more: results past their
+    /// retention, and the token counters of names idle for the backend's keep time (the
+    /// URL's keep_idle, an hour by default); tokens never go back. Clients do it in the
+    /// background every 10 minutes; this does it now.
+    Gc(gc::GcArgs),
     /// Run the conformance properties that need no server control against a live backend.
     Check(check::CheckArgs),
     /// Benchmark backends against raw baselines of their own commands.
@@ -83,6 +89,7 @@ fn main() -> ExitCode {
                     Command::Elect(args) => run::elect(url, args).await,
                     Command::Demo(args) => demo::demo(url, args).await,
                     Command::Inspect(args) => inspect::inspect(url, args).await,
+                    Command::Gc(args) => gc::gc(url, args).await,
                     Command::Check(args) => check::check(url, args).await,
                     Command::Bench(_) => unreachable!("handled above"),
                 }
