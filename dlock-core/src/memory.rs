@@ -7,7 +7,7 @@
 //! fencing tokens from a per-name counter that survives release, re-entrancy by owner,
 //! strict FIFO grants with wake-up by notification (no polling), expiry by ttl, renewal.
 //!
-//! What it keeps per name goes once the name is idle: a sweep ([`Locker::sweep`], or a
+//! What it keeps per name goes once the name is idle: a sweep ([`Locker::sweep`](crate::Locker::sweep), or a
 //! client's background sweep) removes a name nobody holds or waits for, whose stored
 //! result has expired and which has not been used for the store's keep time
 //! ([`MemoryStore::keep_idle_names_for`], an hour by default). Its counter goes too: the

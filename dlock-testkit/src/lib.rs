@@ -5,3 +5,9 @@
 
 pub mod proxy;
 pub mod supervisor;
+
+// The project README's examples are compiled and run as doc tests here, in a crate that is
+// never published, so that no published crate reads a file outside its own directory.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
