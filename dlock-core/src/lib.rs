@@ -33,10 +33,12 @@
 //!
 //! | span | level | extra fields |
 //! |---|---|---|
-//! | `dlock.acquire` | info | `owner`, `blocking` |
+//! | `dlock.acquire` | info | `owner`, `blocking`, `kind` |
 //! | `dlock.extend` | info | `ttl` |
 //! | `dlock.renew` | debug | `leases` (how many renewals went in one backend call), `ttl`; no `lock` |
 //! | `dlock.release` | info | |
+//! | `dlock.store_result` | info | `bytes` |
+//! | `dlock.sweep` | info | no `lock` |
 //!
 //! A lost lease logs a `warn` event with its reason.
 //!
@@ -61,7 +63,8 @@
 //! | `dlock_waiting` | gauge | | acquires waiting for a holder to let go |
 //! | `dlock_in_flight` | gauge | | acquires and background releases under way |
 //!
-//! [`ClientStats`] gives the same counts for one client, without a recorder.
+//! [`ClientStats`] gives the same counts for one client, without a recorder. The
+//! project's `docs/metrics.md` adds the units and the alerts worth having.
 
 pub mod backend;
 #[cfg(feature = "bench")]

@@ -1,26 +1,41 @@
 //! Serves dlock's metrics to Prometheus while a few tasks take turns on a lock.
 //!
 //! ```text
-//! cargo run -p dlock --example prometheus -- [URL] [ADDR]
+//! cargo run -p dlock --example prometheus -- [URL] [ADDR] [SECONDS]
 //! curl http://127.0.0.1:9898/metrics
 //! ```
 //!
-//! URL defaults to `memory://example`; ADDR to `127.0.0.1:9898`. Any recorder of the
-//! `metrics` facade works the same way; this one renders the Prometheus text format.
+//! URL defaults to `memory://example`, ADDR to `127.0.0.1:9898`; with SECONDS it stops
+//! after that long, else it runs until interrupted. Any recorder of the `metrics` facade
+//! works the same way; this one is the Prometheus exporter with its own HTTP listener,
+//! and histogram buckets chosen for what dlock measures (docs/metrics.md lists every
+//! metric and the alerts worth having).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use dlock::{LockName, LockOptions};
-use metrics_exporter_prometheus::PrometheusBuilder;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+/// Seconds: a wait is short or a problem; a hold is as long as the work; a renewal is a
+/// round trip.
+const WAIT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0];
+const HOLD_BUCKETS: &[f64] = &[0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0];
+const RENEWAL_BUCKETS: &[f64] = &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0];
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let url = args.next().unwrap_or_else(|| "memory://example".into());
-    let addr = args.next().unwrap_or_else(|| "127.0.0.1:9898".into());
-    let metrics = PrometheusBuilder::new().install_recorder()?;
+    let addr: SocketAddr = args.next().unwrap_or_else(|| "127.0.0.1:9898".into()).parse()?;
+    let run_for = args.next().map(|s| s.parse::<u64>().map(Duration::from_secs)).transpose()?;
+
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Full("dlock_acquire_wait_seconds".into()), WAIT_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full("dlock_hold_seconds".into()), HOLD_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full("dlock_renewal_seconds".into()), RENEWAL_BUCKETS)?
+        .install()?;
 
     let locker = dlock::connect(&url).await?;
     for worker in 0..4 {
@@ -39,22 +54,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         });
     }
-
-    let listener = TcpListener::bind(&addr).await?;
     println!("metrics of {} at http://{addr}/metrics", dlock::redact(&url));
-    loop {
-        let (mut socket, _) = listener.accept().await?;
-        let body = metrics.render();
-        tokio::spawn(async move {
-            // One request per connection; what it asked for does not matter.
-            let mut request = [0u8; 1024];
-            let _ = socket.read(&mut request).await;
-            let head = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = socket.write_all(head.as_bytes()).await;
-            let _ = socket.write_all(body.as_bytes()).await;
-        });
+    match run_for {
+        Some(limit) => tokio::time::sleep(limit).await,
+        None => tokio::signal::ctrl_c().await?,
     }
+    Ok(())
 }
