@@ -237,13 +237,15 @@ impl SqlFixture {
     }
 }
 
-/// The fixtures' client settings: short operation and connect timeouts.
+/// The fixtures' client settings: short operation and connect timeouts, and idle names
+/// kept for [`IDLE`].
 pub(crate) fn config(url: &str) -> SqlConfig {
     SqlConfig::from_url(url)
         .expect("url")
         .with_op_timeout(OP_TIMEOUT)
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_pool_size(10)
+        .with_keep_idle(IDLE)
 }
 
 /// Whether a database error says the table does not exist (PostgreSQL, MariaDB, SQLite).
