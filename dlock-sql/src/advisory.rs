@@ -16,7 +16,13 @@
 //! PostgreSQL key is `(hash of the table name, id)`, the MySQL lock name `<table>:<id>`.
 //! The same row's `fence` counter gives the fencing token: it is raised by the statement
 //! that takes the lock, on the holding session, so tokens increase in grant order and
-//! survive restarts. Not re-entrant (one session per hold), not fair, no notification
+//! survive restarts. The statement also records when (`used_us`): a sweep deletes the row
+//! of a name that no session holds and that was last granted before the keep time
+//! ([`SqlConfig::with_keep_idle`](crate::SqlConfig::with_keep_idle)), taking the lock
+//! itself while it deletes, and a row made again starts its fence at the database's clock
+//! in microseconds, above the tokens of the row it replaces. A client that still knows the
+//! id of a deleted row learns of it from its next try and looks the name up again.
+//! Not re-entrant (one session per hold), not fair, no notification
 //! (waiters poll with backoff), no `extend` (see [`AdvisoryBackend`]'s capabilities: an
 //! extension is a statement on the holding session, and one whose reply is lost breaks the
 //! session and frees the lock).

@@ -2,16 +2,21 @@
 //!
 //! A row holds the owner, its hold count (re-entrancy), the fence counter and the expiry
 //! in microseconds of the database's clock. Acquire, renew and release are one statement
-//! each (see [`crate::dialect`]); the fence counter is raised on every grant and never
-//! reset, because the row stays when the lock is released.
+//! each (see [`crate::dialect`]); the fence counter is raised on every grant. The row stays
+//! when the lock is released, until a sweep finds the name idle for the keep time; a row
+//! made again starts its counter at the database's clock in microseconds, above the
+//! tokens of the row it replaces.
 //!
 //! Shared holds and semaphore permits are rows of the holds table beside it
 //! (`<prefix>_holds`, see [`crate::holds`]); the lease row keeps their fence counter and the
 //! latest expiry among them (`shared_us`), which is all the exclusive statements read, so
 //! an exclusive acquire, renew and release stay one statement each. A blocking exclusive
 //! request that finds shared holds or permits in its way records its place as a waiting
-//! writer there (refreshed by each attempt, and lapsing after a ttl if its client dies);
-//! while one is live, no new shared hold or permit is granted (writer preference).
+//! writer there, and a blocking permit request that is refused its place with its number
+//! of permits (each refreshed by the waiter's attempts, and lapsing a place's lapse after
+//! the last if its client dies): while a writer's is live, no new shared hold or permit
+//! is granted (writer preference); while a permit request's is, no later request for more
+//! permits is.
 //!
 //! Stored results are rows of the results table beside it (`<prefix>_results`: name,
 //! token, value, expires_us), keyed by the same name. A store is one statement that writes

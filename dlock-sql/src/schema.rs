@@ -78,8 +78,8 @@ mod tests {
     use crate::config::SqlConfig;
 
     /// A database made by the version before shared holds (a lease table without
-    /// `shared_us`, no holds table) is brought up to date on connect, and works for every
-    /// kind of hold.
+    /// `shared_us`, no holds table) is brought up to date on connect (the sweep's indexes
+    /// included), and works for every kind of hold; its fence counters go on.
     #[tokio::test]
     async fn upgrades_a_database_of_the_previous_version() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -110,7 +110,16 @@ mod tests {
         let writer = locker.acquire(&name, &LockOptions::new()).await.expect("write");
         assert_eq!(writer.token().get(), 9);
         writer.release().await.expect("release");
-        // Connecting again finds everything in place.
+        // Connecting again finds everything in place, the sweep's indexes too.
         drop(crate::connect(SqlConfig::sqlite_file(&path)).await.expect("connect again"));
+        {
+            use sqlx::ConnectOptions;
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).connect().await.expect("open");
+            for index in ["dlock_leases INDEXED BY dlock_leases_expires", "dlock_holds INDEXED BY dlock_holds_expires"]
+            {
+                let probe = sqlx::AssertSqlSafe(format!("SELECT 1 FROM {index} WHERE 1 = 0"));
+                sqlx::query(probe).execute(&mut conn).await.unwrap_or_else(|e| panic!("{index}: {e}"));
+            }
+        }
     }
 }
