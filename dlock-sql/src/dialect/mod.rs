@@ -362,7 +362,10 @@ impl LeaseSql {
 /// work and storing or loading a result fails with a database error; without the holds
 /// table, so do shared holds and permits; without the indexes, a sweep reads whole tables.
 /// A lease table made by an earlier version needs its new column too: `shared_us`, a
-/// `BIGINT NOT NULL DEFAULT 0` (SQLite `INTEGER`).
+/// `BIGINT NOT NULL DEFAULT 0` (SQLite `INTEGER`). A client that finds an index missing
+/// creates it as it connects, which holds writes to the table back while the index builds:
+/// on a large table made by an earlier version, create it beforehand (on PostgreSQL with
+/// `CREATE INDEX CONCURRENTLY`).
 ///
 /// ```
 /// use dlock_sql::{schema, Dialect};
