@@ -16,7 +16,13 @@
 //! PostgreSQL key is `(hash of the table name, id)`, the MySQL lock name `<table>:<id>`.
 //! The same row's `fence` counter gives the fencing token: it is raised by the statement
 //! that takes the lock, on the holding session, so tokens increase in grant order and
-//! survive restarts. Not re-entrant (one session per hold), not fair, no notification
+//! survive restarts. The statement also records when (`used_us`): a sweep deletes the row
+//! of a name that no session holds and that was last granted before the keep time
+//! ([`SqlConfig::with_keep_idle`](crate::SqlConfig::with_keep_idle)), taking the lock
+//! itself while it deletes, and a row made again starts its fence at the database's clock
+//! in microseconds, above the tokens of the row it replaces. A client that still knows the
+//! id of a deleted row learns of it from its next try and looks the name up again.
+//! Not re-entrant (one session per hold), not fair, no notification
 //! (waiters poll with backoff), no `extend` (see [`AdvisoryBackend`]'s capabilities: an
 //! extension is a statement on the holding session, and one whose reply is lost breaks the
 //! session and frees the lock).
@@ -46,15 +52,17 @@ use async_trait::async_trait;
 use dlock_core::backend::{lock_unpoisoned, Attempt, Backend, LostSignal, Release, Renewal, Request};
 use dlock_core::{
     Capabilities, Client, ClientConfig, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId,
-    StoredResult,
+    StoredResult, Swept,
 };
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::watch;
 
 use crate::config::{Dialect, SqlConfig, Target};
 use crate::db::{Args, Pool, RollbackRetry, Warm};
-use crate::dialect::{advisory_store, ResultSql};
-use crate::error::{is_session_ended, is_unavailable, lock_error};
+#[cfg(feature = "postgres")]
+use crate::dialect::record_key;
+use crate::dialect::{advisory_store, AdvisorySql, ResultSql, SWEEP_BATCH};
+use crate::error::{is_rolled_back, is_session_ended, is_unavailable, lock_error};
 use crate::link::{Conn, SqlLink};
 use crate::relay::{self, Relay};
 use crate::results::Sweeper;
@@ -84,16 +92,37 @@ struct Shared {
     /// The first key of PostgreSQL's two-key advisory locks: one per table.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     classid: i32,
+    /// The row ids of names this client has used, at most [`MAX_IDS`] of them.
     ids: Mutex<HashMap<String, i32>>,
     /// Sessions that hold nothing, kept for the next acquire.
     idle: Mutex<Vec<Arc<Session>>>,
     /// Whether a spare session is being opened in the background.
     warming: std::sync::atomic::AtomicBool,
+    /// The statements of `<prefix>_advisory` that the sweep concerns.
+    sql: AdvisorySql,
     /// The statements of `<prefix>_advisory_results`.
     results: ResultSql,
     /// The store of a result on the holding session (see [`advisory_store`]).
     store: Arc<str>,
     sweeper: Sweeper,
+    /// Where the locks live (see [`Backend::target`]).
+    target: String,
+}
+
+/// How many row ids of names one client keeps: a service that locks a new name per
+/// request must not grow its clients without bound. Past it the ids are forgotten and
+/// looked up again as names are used.
+const MAX_IDS: usize = 4096;
+
+/// What one try of the lock on a session found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tried {
+    /// Taken, with this fence.
+    Granted(i64),
+    /// Held by another session.
+    Busy,
+    /// The name's row is gone (swept since its id was looked up).
+    Gone,
 }
 
 /// A dedicated connection and the watch on its server side.
@@ -134,14 +163,6 @@ impl Session {
     }
 }
 
-/// PostgreSQL's one-key advisory lock that a grant of row `id` (an SQL expression) holds
-/// until it commits, and that [`AdvisoryBackend::lookup`] takes shared. One-key locks
-/// never meet the two-key locks that are held as the locks themselves.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-fn record_key(classid: i32, id: &str) -> String {
-    format!("(({classid}::int8 << 32) | ({id})::int8)")
-}
-
 /// FNV-1a of the table name, as a positive 31-bit key.
 fn classid(table: &str) -> i32 {
     let mut hash: u32 = 0x811c_9dc5;
@@ -174,8 +195,10 @@ impl AdvisoryBackend {
         let table = format!("{}_advisory", config.common.prefix);
         let results_table = format!("{}_advisory_results", config.common.prefix);
         let results = ResultSql::new(config.dialect, &results_table);
+        let classid = classid(&table);
+        let sql = AdvisorySql::new(config.dialect, &table, classid);
         if config.create_table {
-            let creates = std::iter::once((create_sql(config.dialect, &table), &table))
+            let creates = std::iter::once((sql.create.clone(), &table))
                 .chain(results.create.iter().map(|ddl| (ddl.clone(), &results_table)));
             let timeout = config.common.connect_timeout;
             let work = async {
@@ -187,18 +210,21 @@ impl AdvisoryBackend {
                         }
                     }
                 }
-                Ok(())
+                let fixes = [sql.upgrade.as_slice(), sql.indexes.as_slice()].concat();
+                crate::schema::fix(&pool, &fixes).await.map_err(lock_error)
             };
             tokio::time::timeout(timeout, work)
                 .await
                 .unwrap_or_else(|_| Err(LockError::unavailable("creating the advisory tables timed out")))?;
         }
-        let classid = classid(&table);
         let store = Arc::from(advisory_store(config.dialect, &results_table, &table, classid));
+        let target = config.describe(&table);
         let backend = AdvisoryBackend {
             shared: Arc::new(Shared {
                 dialect: config.dialect,
                 classid,
+                target,
+                sql,
                 table,
                 conn: Conn::new(config, pool, Warm::default()),
                 ids: Mutex::default(),
@@ -312,33 +338,50 @@ impl AdvisoryBackend {
         Ok(found.unwrap_or((None, 0, None)))
     }
 
-    /// The id of `name`'s row, creating the row on first use.
+    /// The id of `name`'s row, creating the row on first use (its fence starting at the
+    /// database's clock in microseconds, above every token a swept row of the name gave).
     async fn id(&self, pool: &Pool, name: &LockName) -> Result<i32, LockError> {
         if let Some(id) = lock_unpoisoned(&self.shared.ids).get(name.as_str()) {
             return Ok(*id);
         }
-        let table = &self.shared.table;
-        let id: i64 = match pool {
-            #[cfg(feature = "postgres")]
-            Pool::Postgres(pg) => {
-                let sql = format!(
-                    "INSERT INTO {table} (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id::int8"
-                );
-                sqlx::query_scalar(AssertSqlSafe(sql)).bind(name.as_str()).fetch_one(pg).await.map_err(lock_error)?
+        let resolve = || async {
+            let sql = AssertSqlSafe(self.shared.sql.resolve.clone());
+            match pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(pg) => sqlx::query_scalar::<_, i64>(sql).bind(name.as_str()).fetch_one(pg).await,
+                #[cfg(feature = "mysql")]
+                Pool::MySql(my) => {
+                    sqlx::query(sql).bind(name.as_str()).execute(my).await.map(|done| done.last_insert_id() as i64)
+                }
+                #[allow(unreachable_patterns)]
+                _ => Err(sqlx::Error::Configuration("advisory locks need PostgreSQL or MySQL".into())),
             }
-            #[cfg(feature = "mysql")]
-            Pool::MySql(my) => {
-                let sql =
-                    format!("INSERT INTO {table} (name) VALUES (?) ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)");
-                let done = sqlx::query(AssertSqlSafe(sql)).bind(name.as_str()).execute(my).await.map_err(lock_error)?;
-                done.last_insert_id() as i64
+        };
+        // Rows made at once for many names may deadlock on their indexes: a statement the
+        // database rolled back made nothing, so it is sent again.
+        let mut retry = RollbackRetry::default();
+        let id = loop {
+            match resolve().await {
+                Err(err) if retry.again(&err).await => {}
+                outcome => break outcome.map_err(lock_error)?,
             }
-            #[allow(unreachable_patterns)]
-            _ => return Err(LockError::InvalidInput("advisory locks need PostgreSQL or MySQL".into())),
         };
         let id = i32::try_from(id).map_err(|_| LockError::backend("the advisory table ran out of 31-bit ids"))?;
-        lock_unpoisoned(&self.shared.ids).insert(name.as_str().to_string(), id);
+        let mut ids = lock_unpoisoned(&self.shared.ids);
+        if ids.len() >= MAX_IDS {
+            ids.clear();
+        }
+        ids.insert(name.as_str().to_string(), id);
         Ok(id)
+    }
+
+    /// Forgets the id of `name`'s row, which a sweep deleted: the next use looks it up
+    /// (and makes the row) again.
+    fn forget(&self, name: &LockName, id: i32) {
+        let mut ids = lock_unpoisoned(&self.shared.ids);
+        if ids.get(name.as_str()) == Some(&id) {
+            ids.remove(name.as_str());
+        }
     }
 
     /// Whether the server ends `session` within the operation timeout (the relay sees its
@@ -445,42 +488,43 @@ impl AdvisoryBackend {
         Ok(())
     }
 
-    /// Tries the lock on `session`; the fence when granted. One statement, which holds
-    /// what [`lookup`](Self::lookup) waits for from before it takes the lock until it has
+    /// Tries the lock on `session`. One statement, which holds what
+    /// [`lookup`](Self::lookup) waits for from before it takes the lock until it has
     /// committed the new fence: inspecting never pairs the new holder with the old fence.
-    async fn try_lock(&self, conn: &mut SessionConn, id: i32, owner: &str) -> Result<Option<i64>, sqlx::Error> {
+    /// It also tells a lock held elsewhere from a row a sweep deleted since its id was
+    /// looked up, letting go of a lock taken on such a row's key.
+    async fn try_lock(&self, conn: &mut SessionConn, id: i32, owner: &str) -> Result<Tried, sqlx::Error> {
+        let sql = AssertSqlSafe(self.shared.sql.try_lock.clone());
         match conn {
             #[cfg(feature = "postgres")]
             SessionConn::Postgres(c) => {
-                let (table, classid) = (&self.shared.table, self.shared.classid);
-                // The sub-select runs once, before the row is written: the fence rises only
-                // under the lock. Its inner select takes the record key first.
-                let sql = format!(
-                    "UPDATE {table} SET fence = fence + 1, owner = $3 WHERE id = $2 AND \
-                     (SELECT pg_try_advisory_lock($1, $2) FROM (SELECT pg_advisory_xact_lock({})) AS recorded) \
-                     RETURNING fence",
-                    record_key(classid, "$2")
-                );
-                sqlx::query_scalar(AssertSqlSafe(sql)).bind(classid).bind(id).bind(owner).fetch_optional(&mut *c).await
+                let (fence, kept): (Option<i64>, bool) =
+                    sqlx::query_as(sql).bind(self.shared.classid).bind(id).bind(owner).fetch_one(&mut *c).await?;
+                match (fence, kept) {
+                    (Some(fence), _) => Ok(Tried::Granted(fence)),
+                    (None, true) => Ok(Tried::Busy),
+                    (None, false) => {
+                        if let Some(orphan) = &self.shared.sql.orphan {
+                            sqlx::query(AssertSqlSafe(orphan.clone())).execute(&mut *c).await?;
+                        }
+                        Ok(Tried::Gone)
+                    }
+                }
             }
             #[cfg(feature = "mysql")]
             SessionConn::MySql(c) => {
-                let table = &self.shared.table;
-                // InnoDB locks the row before it judges the condition. The lock name reads
-                // `fence`, which no index holds, so the condition cannot be pushed down to
-                // the index and judged before the row is locked.
-                let sql = format!(
-                    "UPDATE {table} SET fence = LAST_INSERT_ID(fence + 1), owner = ? \
-                     WHERE id = ? AND GET_LOCK(CONCAT('{table}:', id + 0 * fence), 0) = 1"
-                );
-                let done = sqlx::query(AssertSqlSafe(sql)).bind(owner).bind(id).execute(&mut *c).await?;
-                Ok((done.rows_affected() > 0).then(|| done.last_insert_id() as i64))
+                let done = sqlx::query(sql).bind(owner).bind(id).execute(&mut *c).await?;
+                Ok(match (done.rows_affected(), done.last_insert_id()) {
+                    (0, 0) => Tried::Gone,
+                    (0, _) => Tried::Busy,
+                    (_, fence) => Tried::Granted(fence as i64),
+                })
             }
         }
     }
 
     /// Sets the session's idle timeout to the request's ttl and tries the lock on it.
-    async fn lock_on(&self, session: &Session, id: i32, req: &Request) -> Result<Option<i64>, sqlx::Error> {
+    async fn lock_on(&self, session: &Session, id: i32, req: &Request) -> Result<Tried, sqlx::Error> {
         let mut conn = session.conn.lock().await;
         self.set_idle_timeout(session, &mut conn, req.ttl()).await?;
         self.try_lock(&mut conn, id, req.owner.as_str()).await
@@ -548,21 +592,6 @@ fn relayed_pg(
     opts.host("127.0.0.1").port(relay.port())
 }
 
-fn create_sql(dialect: Dialect, table: &str) -> String {
-    match dialect {
-        Dialect::MySql => format!(
-            "CREATE TABLE IF NOT EXISTS {table} (id INT NOT NULL AUTO_INCREMENT UNIQUE, \
-             name VARBINARY(1024) NOT NULL PRIMARY KEY, owner VARBINARY(256) NULL, \
-             fence BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
-        ),
-        _ => format!(
-            "CREATE TABLE IF NOT EXISTS {table} (id INTEGER GENERATED BY DEFAULT AS IDENTITY UNIQUE, \
-             name TEXT COLLATE \"C\" NOT NULL PRIMARY KEY, owner TEXT COLLATE \"C\", \
-             fence BIGINT NOT NULL DEFAULT 0)"
-        ),
-    }
-}
-
 /// A failure on the holding session itself: the connection is gone, and the lock with it.
 fn session_gone(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) || is_unavailable(err)
@@ -578,6 +607,26 @@ impl Backend for AdvisoryBackend {
             Dialect::Postgres => "postgres-advisory",
             _ => "mysql-advisory",
         }
+    }
+
+    /// The server, database and advisory table (`postgres://10.0.0.5:5432/app table
+    /// dlock_advisory`).
+    fn target(&self) -> String {
+        self.shared.target.clone()
+    }
+
+    /// Deletes expired results and the rows of names no session holds that were last
+    /// granted before the keep time ([`SqlConfig::with_keep_idle`]), up to a batch of each.
+    async fn sweep(&self) -> Result<Swept, LockError> {
+        let keep_us = crate::lease::ttl_us(self.shared.conn.config().keep_idle());
+        let args = Args { keep_us, ..Args::name("") };
+        let mut swept = Swept::default();
+        for stmt in [&self.shared.results.sweep, &self.shared.sql.sweep] {
+            let deleted = self.shared.conn.run(stmt, args).await?.matched(stmt.reply);
+            swept.removed += deleted;
+            swept.more |= deleted >= u64::from(SWEEP_BATCH);
+        }
+        Ok(swept)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -605,7 +654,7 @@ impl Backend for AdvisoryBackend {
         ticket: &mut Option<AdvisoryTicket>,
     ) -> Result<Attempt<AdvisoryHold>, LockError> {
         let pool = self.shared.conn.pool().await?;
-        let id = self.id(&pool, &req.name).await?;
+        let mut id = self.id(&pool, &req.name).await?;
         let session = match ticket.as_mut().and_then(|t| t.session.take()) {
             Some(session) if !session.is_closed() => session,
             _ => match self.idle_session() {
@@ -621,24 +670,34 @@ impl Backend for AdvisoryBackend {
                 None => self.open_session().await?,
             },
         };
-        let (session, granted) = match self.lock_on(&session, id, req).await {
-            Ok(granted) => (session, granted),
+        let (session, mut tried) = match self.lock_on(&session, id, req).await {
+            Ok(tried) => (session, tried),
             // A session kept idle may have been ended by the server meanwhile (its idle
             // timeout is the last hold's ttl). The lock was not taken on it, and the lock
-            // may well be free: try a fresh session rather than fail.
-            Err(err) if session_gone(&err) || session.is_closed() => {
+            // may well be free: try a fresh session rather than fail. So too when the
+            // database rolled the statement back as a deadlock victim: MySQL's `GET_LOCK`
+            // outlives a rollback, so the session, which may hold the lock now without its
+            // fence, is closed with whatever it holds.
+            Err(err) if session_gone(&err) || session.is_closed() || is_rolled_back(&err) => {
                 drop(session);
                 if req.blocking {
                     return Ok(Attempt::Busy { retry_after: Some(Duration::ZERO) });
                 }
                 let session = self.open_session().await?;
-                let granted = self.lock_on(&session, id, req).await.map_err(lock_error)?;
-                (session, granted)
+                let tried = self.lock_on(&session, id, req).await.map_err(lock_error)?;
+                (session, tried)
             }
             Err(err) => return Err(lock_error(err)),
         };
-        match granted {
-            Some(fence) => {
+        if tried == Tried::Gone {
+            // A sweep deleted the name's row since this client looked up its id: look it up
+            // (making the row again) and try once more.
+            self.forget(&req.name, id);
+            id = self.id(&pool, &req.name).await?;
+            tried = self.lock_on(&session, id, req).await.map_err(lock_error)?;
+        }
+        match tried {
+            Tried::Granted(fence) => {
                 let token = u64::try_from(fence)
                     .ok()
                     .filter(|f| *f > 0)
@@ -647,7 +706,7 @@ impl Backend for AdvisoryBackend {
                 let hold = AdvisoryHold { name: req.name.clone(), id, session, released: watch::channel(false).0 };
                 Ok(Attempt::Granted { hold, token })
             }
-            None => {
+            Tried::Busy | Tried::Gone => {
                 // Keep the session for this waiter's next attempt.
                 if req.blocking {
                     *ticket = Some(AdvisoryTicket { session: Some(session) });

@@ -74,14 +74,15 @@ impl RawBaseline for SqlBaseline {
         if kind == HoldKind::Exclusive {
             return self.acquire_release(name).await;
         }
-        let args = Args { kind: kind.as_str(), ..args(name) };
-        let fence = self
+        let kind_text = crate::holds::kind_text(kind);
+        let args = Args { kind: &kind_text, ..args(name) };
+        let attempted = self
             .pool
             .transact(&in_tx(&self.sql, args, move |tx, sql, args| {
-                Box::pin(crate::holds::attempt(tx, sql, args.args(), kind))
+                Box::pin(crate::holds::attempt(tx, sql, args.args(), kind, false))
             }))
-            .await?
-            .map_err(|_| LockError::Timeout)?;
+            .await?;
+        let crate::holds::Attempted::Granted(fence) = attempted else { return Err(LockError::Timeout) };
         let released = self
             .pool
             .transact(&in_tx(&self.sql, Args { fence, ..args }, |tx, sql, args| {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_core::{parse_duration, ConnectConfig, ConnectOptions, LockError};
+use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError, DEFAULT_KEEP_IDLE};
 
 /// The SQL dialects this crate speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,7 +67,10 @@ pub(crate) enum Target {
 /// [`ConnectConfig`]), and `pool_size` (connections per client, default 10),
 /// `create_table` (`true`/`false`, default `true`: create the tables if missing), `lock`
 /// (`lease` or `advisory`), `busy_timeout` (SQLite: how long a statement waits for the
-/// file's write lock, default the operation timeout). Unknown options are rejected.
+/// file's write lock, default the operation timeout), `keep_idle` (how long the row of a
+/// name nobody uses any more is kept after its last hold ended, default an hour; see
+/// [`with_keep_idle`](Self::with_keep_idle)). Durations read as `500ms`, `5s`, `2m`,
+/// `1h`. Unknown options are rejected.
 ///
 /// ```
 /// use std::time::Duration;
@@ -82,8 +85,9 @@ pub(crate) enum Target {
 /// assert_eq!(config.pool_size(), 4);
 /// assert_eq!(config.op_timeout(), Duration::from_secs(2));
 ///
-/// let embedded = SqlConfig::from_url("sqlite://locks.db")?.with_pool_size(2);
+/// let embedded = SqlConfig::from_url("sqlite://locks.db?keep_idle=2h")?.with_pool_size(2);
 /// assert_eq!(embedded.dialect(), Dialect::Sqlite);
+/// assert_eq!(embedded.keep_idle(), Duration::from_secs(7200));
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -95,6 +99,7 @@ pub struct SqlConfig {
     pub(crate) create_table: bool,
     pub(crate) kind: LockKind,
     pub(crate) busy_timeout: Option<Duration>,
+    pub(crate) keep_idle: Duration,
     pub(crate) credentials: Option<(String, String)>,
 }
 
@@ -113,6 +118,7 @@ impl std::fmt::Debug for SqlConfig {
             .field("create_table", &self.create_table)
             .field("kind", &self.kind)
             .field("busy_timeout", &self.busy_timeout)
+            .field("keep_idle", &self.keep_idle)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
             .finish()
     }
@@ -162,6 +168,7 @@ impl SqlConfig {
                     }
                 }
                 "busy_timeout" => config.busy_timeout = Some(parse_duration(&value)?),
+                "keep_idle" => config.keep_idle = parse_duration(&value)?,
                 _ => return Err(LockError::InvalidInput(format!("unknown option {key:?} in a SQL URL"))),
             }
         }
@@ -190,6 +197,7 @@ impl SqlConfig {
             create_table: true,
             kind: LockKind::Lease,
             busy_timeout: None,
+            keep_idle: DEFAULT_KEEP_IDLE,
             credentials: None,
         }
     }
@@ -236,6 +244,26 @@ impl SqlConfig {
     /// operation timeout).
     pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a sweep keeps the rows of a name nobody uses any more (no live hold, no
+    /// waiter) after its last hold ended, by release or expiry (default
+    /// [`DEFAULT_KEEP_IDLE`], an hour; a zero keep is taken as 1 ms). The name's lease row
+    /// (with its fence counter) and, for the advisory locker, its counter row go then; a
+    /// name used again starts its fence at the database's clock in microseconds, above
+    /// every token the name had as long as that clock never steps back by the keep time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_sql::SqlConfig;
+    ///
+    /// let config = SqlConfig::from_url("postgres://app@db/shop")?.with_keep_idle(Duration::from_secs(600));
+    /// assert_eq!(config.keep_idle(), Duration::from_secs(600));
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn with_keep_idle(mut self, keep: Duration) -> Self {
+        self.keep_idle = keep.clamp(Duration::from_millis(1), dlock_core::MAX_DURATION);
         self
     }
 
@@ -286,6 +314,38 @@ impl SqlConfig {
     /// statements use.
     pub fn busy_timeout(&self) -> Duration {
         self.busy_timeout.unwrap_or(self.common.op_timeout)
+    }
+
+    /// See [`with_keep_idle`](Self::with_keep_idle).
+    pub fn keep_idle(&self) -> Duration {
+        self.keep_idle
+    }
+
+    /// Where the database and `table` are, without credentials: `postgres://host:5432/db
+    /// table <table>`, `sqlite:///abs/path.db table <table>` (the file's canonical path once
+    /// it exists). Each private in-memory SQLite database is told apart by a number.
+    pub(crate) fn describe(&self, table: &str) -> String {
+        let place = match &self.target {
+            Target::Server(url) => {
+                let default_port = if self.dialect == Dialect::MySql { 3306 } else { 5432 };
+                match BackendUrl::parse(url, default_port) {
+                    Ok(url) => {
+                        let hosts: Vec<String> = url.hosts.iter().map(ToString::to_string).collect();
+                        format!("{}://{}{}", url.scheme, hosts.join(","), url.path)
+                    }
+                    Err(_) => dlock_core::redact(url),
+                }
+            }
+            Target::File(path) => {
+                let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                format!("sqlite://{}", path.display())
+            }
+            Target::Memory => {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                format!("sqlite::memory: #{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+            }
+        };
+        format!("{place} table {table}")
     }
 
     /// The user name given by [`with_credentials`](Self::with_credentials), if any.
@@ -375,6 +435,42 @@ mod tests {
                 }
                 Err(other) => panic!("{url}: {other}"),
             }
+        }
+    }
+
+    #[cfg(all(feature = "postgres", feature = "mysql"))]
+    #[test]
+    fn describes_the_server_without_credentials() {
+        let pg = SqlConfig::from_url("postgresql://app:s3cret@10.0.0.5/shop?prefix=orders").unwrap();
+        assert_eq!(pg.describe(&pg.table()), "postgres://10.0.0.5:5432/shop table orders_leases");
+        let my = SqlConfig::from_url("mariadb://root:pw@[::1]:3307/x").unwrap().with_credentials("u", "p2");
+        let described = my.describe("dlock_advisory");
+        assert_eq!(described, "mysql://[::1]:3307/x table dlock_advisory");
+        assert!(!described.contains("pw") && !described.contains("p2"));
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn describes_sqlite_by_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("a.db"), b"").unwrap();
+        let inside = SqlConfig::sqlite_file(dir.path().join("sub/../a.db"));
+        let direct = SqlConfig::sqlite_file(dir.path().join("a.db"));
+        assert_eq!(inside.describe("t"), direct.describe("t"), "one file, one target");
+        assert!(direct.describe("t").ends_with("a.db table t"));
+        let memory = SqlConfig::sqlite_memory();
+        assert_ne!(memory.describe("t"), memory.describe("t"), "each in-memory database is its own");
+    }
+
+    #[test]
+    fn reads_the_keep_time() {
+        let config = SqlConfig::from_url("sqlite::memory:?keep_idle=90s").unwrap();
+        assert_eq!(config.keep_idle(), Duration::from_secs(90));
+        assert_eq!(SqlConfig::sqlite_memory().keep_idle(), DEFAULT_KEEP_IDLE);
+        assert_eq!(SqlConfig::sqlite_memory().with_keep_idle(Duration::ZERO).keep_idle(), Duration::from_millis(1));
+        for bad in ["sqlite::memory:?keep_idle=0s", "sqlite::memory:?keep_idle=soon", "sqlite::memory:?keep_idle="] {
+            assert!(matches!(SqlConfig::from_url(bad), Err(LockError::InvalidInput(_))), "{bad}");
         }
     }
 

@@ -80,11 +80,27 @@ pub(crate) struct Args<'a> {
     pub(crate) value: &'a [u8],
     pub(crate) retention_us: i64,
     pub(crate) kind: &'a str,
+    pub(crate) expires_us: i64,
+    pub(crate) lapse_us: i64,
+    pub(crate) keep_us: i64,
 }
 
 impl<'a> Args<'a> {
     pub(crate) fn name(name: &'a str) -> Self {
-        Args { name, owner: "", fence: 0, ttl_us: 0, grant: "", batch: "", value: &[], retention_us: 0, kind: "" }
+        Args {
+            name,
+            owner: "",
+            fence: 0,
+            ttl_us: 0,
+            grant: "",
+            batch: "",
+            value: &[],
+            retention_us: 0,
+            kind: "",
+            expires_us: 0,
+            lapse_us: 0,
+            keep_us: 0,
+        }
     }
 
     pub(crate) fn batch(batch: &'a str) -> Self {
@@ -102,6 +118,9 @@ impl<'a> Args<'a> {
             value: self.value.to_vec(),
             retention_us: self.retention_us,
             kind: self.kind.to_string(),
+            expires_us: self.expires_us,
+            lapse_us: self.lapse_us,
+            keep_us: self.keep_us,
         }
     }
 }
@@ -140,6 +159,9 @@ pub(crate) struct OwnedArgs {
     value: Vec<u8>,
     retention_us: i64,
     kind: String,
+    expires_us: i64,
+    lapse_us: i64,
+    keep_us: i64,
 }
 
 impl OwnedArgs {
@@ -154,6 +176,9 @@ impl OwnedArgs {
             value: &self.value,
             retention_us: self.retention_us,
             kind: &self.kind,
+            expires_us: self.expires_us,
+            lapse_us: self.lapse_us,
+            keep_us: self.keep_us,
         }
     }
 }
@@ -192,6 +217,9 @@ macro_rules! bind_all {
                 Param::Value => q.bind($args.value),
                 Param::RetentionUs => q.bind($args.retention_us),
                 Param::Kind => q.bind($args.kind),
+                Param::ExpiresUs => q.bind($args.expires_us),
+                Param::LapseUs => q.bind($args.lapse_us),
+                Param::KeepUs => q.bind($args.keep_us),
             };
         }
         q

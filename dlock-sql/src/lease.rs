@@ -2,16 +2,21 @@
 //!
 //! A row holds the owner, its hold count (re-entrancy), the fence counter and the expiry
 //! in microseconds of the database's clock. Acquire, renew and release are one statement
-//! each (see [`crate::dialect`]); the fence counter is raised on every grant and never
-//! reset, because the row stays when the lock is released.
+//! each (see [`crate::dialect`]); the fence counter is raised on every grant. The row stays
+//! when the lock is released, until a sweep finds the name idle for the keep time; a row
+//! made again starts its counter at the database's clock in microseconds, above the
+//! tokens of the row it replaces.
 //!
 //! Shared holds and semaphore permits are rows of the holds table beside it
 //! (`<prefix>_holds`, see [`crate::holds`]); the lease row keeps their fence counter and the
 //! latest expiry among them (`shared_us`), which is all the exclusive statements read, so
 //! an exclusive acquire, renew and release stay one statement each. A blocking exclusive
 //! request that finds shared holds or permits in its way records its place as a waiting
-//! writer there (refreshed by each attempt, and lapsing after a ttl if its client dies);
-//! while one is live, no new shared hold or permit is granted (writer preference).
+//! writer there, and a blocking permit request that is refused its place with its number
+//! of permits (each refreshed by the waiter's attempts, and lapsing a place's lapse after
+//! the last if its client dies): while a writer's is live, no new shared hold or permit
+//! is granted (writer preference); while a permit request's is, no later request for more
+//! permits is.
 //!
 //! Stored results are rows of the results table beside it (`<prefix>_results`: name,
 //! token, value, expires_us), keyed by the same name. A store is one statement that writes
@@ -27,14 +32,15 @@ use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::{
     Capabilities, FencingToken, HoldKind, Holder, LockError, LockInfo, LockName, LostReason, OwnerId, StoredResult,
+    Swept,
 };
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 use crate::config::{Dialect, SqlConfig};
 use crate::db::{in_tx, Answer, Args, OwnedArgs, Pool, Tx, Value, Warm};
-use crate::dialect::{LeaseSql, Reply, Stmt};
-use crate::holds::{self, Live};
+use crate::dialect::{LeaseSql, Reply, Stmt, SWEEP_BATCH};
+use crate::holds::{self, Attempted, Live};
 use crate::link::{Conn, SqlLink};
 use crate::results::Sweeper;
 #[cfg(feature = "postgres")]
@@ -56,6 +62,8 @@ struct Shared {
     /// it renews each hold with its own statement).
     batch_renewals: bool,
     sweeper: Sweeper,
+    /// Where the locks live (see [`Backend::target`]).
+    target: String,
     #[cfg(feature = "postgres")]
     waker: Option<Waker>,
 }
@@ -75,8 +83,8 @@ pub struct SqlHold {
     ttl_us: AtomicI64,
 }
 
-/// A waiter's wake-up subscription (PostgreSQL), and whether it holds a waiting writer's
-/// place in the holds table.
+/// A waiter's wake-up subscription (PostgreSQL), and whether it holds a place in the holds
+/// table (a waiting writer's, or a waiting permit request's).
 #[derive(Debug, Default)]
 pub struct SqlTicket {
     #[cfg(feature = "postgres")]
@@ -115,8 +123,9 @@ impl Row {
     }
 }
 
-/// A ttl in microseconds, rounded up, so the database never frees the hold early.
-fn ttl_us(ttl: Duration) -> i64 {
+/// A ttl (or any span the database adds to its clock) in microseconds, rounded up, so the
+/// database never ends anything early.
+pub(crate) fn ttl_us(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_nanos().div_ceil(1000)).unwrap_or(i64::MAX / 4)
 }
 
@@ -154,6 +163,7 @@ impl SqlBackend {
             _ => true,
         };
         let dialect = config.dialect;
+        let target = config.describe(&config.table());
         #[cfg(feature = "postgres")]
         let waker = sql.channel.clone().map(Waker::new);
         Ok(SqlBackend {
@@ -163,6 +173,7 @@ impl SqlBackend {
                 dialect,
                 batch_renewals,
                 sweeper: Sweeper::default(),
+                target,
                 #[cfg(feature = "postgres")]
                 waker,
             }),
@@ -423,6 +434,28 @@ impl Backend for SqlBackend {
         self.shared.dialect.name()
     }
 
+    /// The server, database and lease table (`postgres://10.0.0.5:5432/app table
+    /// dlock_leases`), or the SQLite file.
+    fn target(&self) -> String {
+        self.shared.target.clone()
+    }
+
+    /// Deletes expired results, expired rows of the holds table (holds nobody renewed,
+    /// places nobody refreshed) and the lease rows of names idle for the keep time
+    /// ([`SqlConfig::with_keep_idle`]), up to a batch of each.
+    async fn sweep(&self) -> Result<Swept, LockError> {
+        let sql = &self.shared.sql;
+        let args = Args { keep_us: ttl_us(self.config().keep_idle()), ..Args::name("") };
+        let mut swept = Swept::default();
+        // Holds first: a name whose last hold has just been swept may go in the same call.
+        for stmt in [&sql.results.sweep, &sql.sweep.holds, &sql.sweep.leases] {
+            let deleted = self.run(stmt, args).await?.matched(stmt.reply);
+            swept.removed += deleted;
+            swept.more |= deleted >= u64::from(SWEEP_BATCH);
+        }
+        Ok(swept)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             reentrant: true,
@@ -447,11 +480,13 @@ impl Backend for SqlBackend {
             *ticket = Some(SqlTicket { subscription: Some(subscription), waiting: false });
         }
         let ttl = ttl_us(req.ttl());
+        let kind_text = holds::kind_text(req.kind);
         let args = Args {
             owner: req.owner.as_str(),
             ttl_us: ttl,
             grant: req.id.as_str(),
-            kind: req.kind.as_str(),
+            kind: &kind_text,
+            lapse_us: ttl_us(req.place_lapse()),
             ..Args::name(req.name.as_str())
         };
         let granted = |fence| -> Result<Attempt<SqlHold>, LockError> {
@@ -466,21 +501,27 @@ impl Backend for SqlBackend {
             Ok(Attempt::Granted { hold, token: token(fence)? })
         };
         if req.kind != HoldKind::Exclusive {
-            let kind = req.kind;
-            let decided =
-                self.transact(move |tx, sql, args| Box::pin(holds::attempt(tx, sql, args.args(), kind)), args).await?;
+            let (kind, blocking) = (req.kind, req.blocking);
+            let decided = self
+                .transact(move |tx, sql, args| Box::pin(holds::attempt(tx, sql, args.args(), kind, blocking)), args)
+                .await?;
             return match decided {
-                Ok(fence) => granted(fence),
-                Err(_) if !req.blocking => Ok(Attempt::Busy { retry_after: None }),
-                Err(retry_after) => Ok(Attempt::Busy { retry_after: Some(retry_after) }),
+                Attempted::Granted(fence) => granted(fence),
+                Attempted::Busy { .. } if !req.blocking => Ok(Attempt::Busy { retry_after: None }),
+                Attempted::Busy { retry_after, placed } => {
+                    if placed {
+                        ticket.get_or_insert_with(SqlTicket::default).waiting = true;
+                    }
+                    Ok(Attempt::Busy { retry_after: Some(retry_after) })
+                }
             };
         }
         let answer = self.run(&self.shared.sql.acquire, args).await?;
         if let Some(fence) = granted_fence(&self.shared.sql, &answer) {
             if ticket.as_ref().is_some_and(|t| t.waiting) {
                 // Our place as a waiting writer is used up. Should this fail, the place
-                // lapses by itself within a ttl; until then it only holds back readers that
-                // could not join us anyway while we hold.
+                // lapses by itself within a place's lapse (seconds at most), keeping readers
+                // out until then, even after we release.
                 if let Err(err) = self.run(&self.shared.sql.holds.unwait, args).await {
                     tracing::debug!(lock = %req.name, %err, "removing a waiting writer's place failed");
                 }
@@ -514,9 +555,10 @@ impl Backend for SqlBackend {
         ticket: &mut Option<SqlTicket>,
         until: tokio::time::Instant,
     ) -> Result<(), LockError> {
-        // A waiting writer comes back at least twice per ttl, so its place does not lapse.
+        // A waiter with a place refreshes it (by its next attempt) four times within its
+        // lapse, so the place lasts while the waiter lives, and not much longer.
         let until = match ticket {
-            Some(t) if t.waiting => until.min(Instant::now() + req.ttl() / 2),
+            Some(t) if t.waiting => until.min(Instant::now() + req.place_lapse() / 4),
             _ => until,
         };
         #[cfg(feature = "postgres")]
@@ -528,12 +570,12 @@ impl Backend for SqlBackend {
         Ok(())
     }
 
-    /// Gives up a waiting writer's place, so that the readers it kept out may go.
+    /// Gives up a waiter's place, so that the requests it kept out may go.
     async fn abandon(&self, req: &Request, ticket: SqlTicket) {
         if ticket.waiting {
             let args = Args { grant: req.id.as_str(), ..Args::name(req.name.as_str()) };
             if let Err(err) = self.run(&self.shared.sql.holds.unwait, args).await {
-                tracing::debug!(lock = %req.name, %err, "removing a waiting writer's place failed");
+                tracing::debug!(lock = %req.name, %err, "removing a waiter's place failed");
             }
         }
     }

@@ -23,16 +23,25 @@
 //!
 //!   **Read-write locks and semaphores** ([`HoldKind`](dlock_core::HoldKind)): shared holds
 //!   and permits are rows of `<prefix>_holds` beside the lease table, one per grant (name,
-//!   request id, owner, kind, token, expiry). Each grant, renewal and release of one is a
-//!   transaction that first locks the name's lease row, so it decides on the holds as the
-//!   last one left them; the token comes from the lease row's one fence counter, and the
-//!   lease row keeps the latest expiry of the live shared holds and permits (`shared_us`),
-//!   which is how the one-statement exclusive acquire sees them. A blocking writer that
-//!   finds readers in its way records its place there as a waiting writer, refreshed by
-//!   each of its attempts (lapsing a ttl after its client dies): while one is live, no new
-//!   reader or permit is granted, so readers cannot starve writers. An exclusive lock
-//!   costs exactly what it did: readers and permits add statements only to their own
-//!   operations (and to a writer that waits for them).
+//!   request id, owner, kind, token, expiry); a permit's kind keeps the number of permits
+//!   it was granted under (`permit:<n>`), so that a grant joins only where no holder would
+//!   have more company than its own number allows ([`HoldKind::joins`]). Each grant,
+//!   renewal and release of one is a transaction that first locks the name's lease row, so
+//!   it decides on the holds as the last one left them; the token comes from the lease
+//!   row's one fence counter, and the lease row keeps the latest expiry of the live shared
+//!   holds and permits (`shared_us`, given the very expiry of each new or renewed row),
+//!   which is how the one-statement exclusive acquire sees them. There is no queue: a
+//!   blocking writer that finds readers in its way keeps a place there, while which no new
+//!   reader or permit is granted (readers cannot starve writers), and a blocking permit
+//!   request that is refused keeps a place with its number of permits, while which no later
+//!   request for more permits is granted (more never overtakes fewer). A place lapses
+//!   [`place_lapse`](dlock_core::place_lapse) of the ttl after its last refresh (5 s at
+//!   most, whatever lease it asks for), and its waiter refreshes it four times within
+//!   that: a waiter that died keeps the others out for seconds. An exclusive lock costs
+//!   exactly what it did: readers and permits add statements only to their own operations
+//!   (and to a writer that waits for them).
+//!
+//!   [`HoldKind::joins`]: dlock_core::HoldKind::joins
 //! - [`AdvisoryLocker`] (`lock=advisory`): PostgreSQL `pg_try_advisory_lock` or MySQL
 //!   `GET_LOCK`, held by a dedicated session per lock (see [`advisory`] for how the
 //!   session is watched and how a frozen holder's session ends).
@@ -51,23 +60,48 @@
 //! that no release, eviction or grant commits between the check and the write, and an
 //! upsert that replaces only a result of a lower token or an expired one. Releasing or
 //! evicting the lock leaves the result; a load ignores it once expired; the next store of
-//! the name replaces it, and after a store each client deletes up to 100 expired rows (at
-//! most once a minute). A 512 KiB result needs MySQL's `max_allowed_packet` of at least
+//! the name replaces it, and the sweep (below) deletes it; each client also deletes up to
+//! 1,000 expired results after a store (at most once a minute). A 512 KiB result needs MySQL's `max_allowed_packet` of at least
 //! 1 MiB (the default is 16 MiB on MariaDB, 64 MiB on MySQL 8). The advisory locker keeps
 //! its results in `<prefix>_advisory_results` (see [`advisory`]).
 //!
 //! **Fencing token**: the row's `fence` counter, raised by every grant (a re-entrant acquire
-//! returns the holder's token). The row stays when the lock is released, so tokens never
-//! restart. **What survives a restart**: everything committed: holds (with their expiry on
-//! the database clock), fence counters. Advisory locks do not survive: the sessions end.
+//! returns the holder's token). A row is made with its counter at the database's clock in
+//! microseconds (the clock expressions its expiries use), so a name whose row was swept
+//! starts again above every token it had: a counter rises by one a grant, never faster
+//! than the clock. **What survives a restart**: everything committed: holds (with their
+//! expiry on the database clock), fence counters. Advisory locks do not survive: the
+//! sessions end.
+//!
+//! **What stays per name, and for how long**: a name's lease row (its fence counter) for
+//! the keep time ([`SqlConfig::with_keep_idle`], `keep_idle=`, an hour by default) after
+//! its last hold ended, by release or expiry, and while any hold or waiter's place of it
+//! is live; a row of the holds table until it expires (a hold's ttl, a place's lapse); a
+//! stored result until its retention ends; for the advisory locker, the name's counter row
+//! for the keep time after its last grant, and while a session holds its lock. The client
+//! sweeps ([`Locker::sweep`], and in the background every [`ClientConfig::sweep_every`]):
+//! each call deletes up to 1,000 rows of each table, using the indexes on `expires_us`
+//! (lease and holds tables) and `used_us` (advisory table) that connecting creates where
+//! they are missing. A sweep judges a row as it is when it locks it, and every grant
+//! raises that row's expiry under the same lock, so a sweep never deletes a row that a
+//! grant is using.
 //!
 //! **Caveats**: the database is a single point of decision. With asynchronous replication,
 //! a failover can lose the last grants (and fence increments) made on the old primary: use
 //! synchronous replication where that matters. The database clock must not jump: expiry is
 //! wall-clock time on the server (NTP slewing is fine; a step backwards lengthens holds, a
-//! step forwards shortens them). SQLite is single-writer: all lock statements of all
-//! processes take turns on the file's write lock (WAL mode, bounded by the busy timeout);
-//! it excludes processes on one machine, and needs a local file system (not NFS).
+//! step forwards shortens them), and a name swept away starts its tokens from that clock,
+//! above every earlier token as long as the clock never steps back by the keep time.
+//! SQLite is single-writer: all lock statements of all processes take turns on the file's
+//! write lock (WAL mode, bounded by the busy timeout); it excludes processes on one
+//! machine, and needs a local file system (not NFS).
+//!
+//! **Upgrading from an earlier version**: its clients make a missing row with the counter
+//! at 0 or 1, and answer the holds table's `permit:<n>` rows with an error. Until none of
+//! them runs against the tables, sweep nothing (build this version's clients with
+//! [`ClientConfig::sweep_every`] at `None`, through
+//! `Client::with_config(SqlBackend::connect(config).await?, client_config)`) and take no
+//! permits with this version.
 //!
 //! URLs: `postgres://user:pass@host:5432/db`, `mysql://user:pass@host:3306/db` (also
 //! `mariadb://`), `sqlite://relative/path.db`, `sqlite:///absolute/path.db`,

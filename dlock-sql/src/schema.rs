@@ -9,7 +9,8 @@ use crate::dialect::LeaseSql;
 use crate::error::lock_error;
 
 /// Runs the `CREATE … IF NOT EXISTS` statements (the lease table, the results table and its
-/// index, the holds table), then brings a lease table made by an earlier version up to date. Several clients
+/// index, the holds table), then brings a lease table made by an earlier version up to date
+/// and creates the sweep's indexes where they are missing. Several clients
 /// starting at once may race on PostgreSQL's catalog (a unique violation on `pg_type`) or on
 /// the upgrade; a statement that fails while the tables are nonetheless usable afterwards is
 /// not an error.
@@ -40,20 +41,30 @@ async fn create(pool: &Pool, sql: &LeaseSql) -> Result<(), LockError> {
             failed.get_or_insert(err);
         }
     }
-    for (probe, upgrade) in &sql.upgrade {
-        if pool.run_plain(probe).await.is_err() {
-            if let Err(err) = pool.run_plain(upgrade).await {
-                if pool.run_plain(probe).await.is_err() {
-                    return Err(lock_error(failed.unwrap_or(err)));
-                }
-            }
-        }
+    if let Err(err) = fix(pool, &[sql.upgrade.as_slice(), sql.indexes.as_slice()].concat()).await {
+        return Err(lock_error(failed.unwrap_or(err)));
     }
     if let Some(err) = failed {
         let probe = Args::name("dlock-schema-probe");
         for stmt in [&sql.inspect, &sql.results.load, &sql.holds.live] {
             if pool.run(stmt, probe).await.is_err() {
                 return Err(lock_error(err));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the fix of each `(probe, fix)` pair whose probe fails, in order: an upgrade of a
+/// table, an index to create. A fix that fails is forgiven when the probe passes after it
+/// (another client made the same change at the same moment).
+pub(crate) async fn fix(pool: &Pool, pairs: &[(String, String)]) -> Result<(), sqlx::Error> {
+    for (probe, fix) in pairs {
+        if pool.run_plain(probe).await.is_err() {
+            if let Err(err) = pool.run_plain(fix).await {
+                if pool.run_plain(probe).await.is_err() {
+                    return Err(err);
+                }
             }
         }
     }
@@ -67,8 +78,8 @@ mod tests {
     use crate::config::SqlConfig;
 
     /// A database made by the version before shared holds (a lease table without
-    /// `shared_us`, no holds table) is brought up to date on connect, and works for every
-    /// kind of hold.
+    /// `shared_us`, no holds table) is brought up to date on connect (the sweep's indexes
+    /// included), and works for every kind of hold; its fence counters go on.
     #[tokio::test]
     async fn upgrades_a_database_of_the_previous_version() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -99,7 +110,16 @@ mod tests {
         let writer = locker.acquire(&name, &LockOptions::new()).await.expect("write");
         assert_eq!(writer.token().get(), 9);
         writer.release().await.expect("release");
-        // Connecting again finds everything in place.
+        // Connecting again finds everything in place, the sweep's indexes too.
         drop(crate::connect(SqlConfig::sqlite_file(&path)).await.expect("connect again"));
+        {
+            use sqlx::ConnectOptions;
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).connect().await.expect("open");
+            for index in ["dlock_leases INDEXED BY dlock_leases_expires", "dlock_holds INDEXED BY dlock_holds_expires"]
+            {
+                let probe = sqlx::AssertSqlSafe(format!("SELECT 1 FROM {index} WHERE 1 = 0"));
+                sqlx::query(probe).execute(&mut conn).await.unwrap_or_else(|e| panic!("{index}: {e}"));
+            }
+        }
     }
 }

@@ -232,9 +232,10 @@ async fn expired_and_corrupt_rows(fixture: &SqlFixture, locker: &dyn Locker, fre
     // both are right, so nothing is asserted about it.
     lease.release().await.expect("release");
 
-    let now = raw.now();
+    // A token far above any the clock-based counters will reach.
+    let (now, higher) = (raw.now(), 1i64 << 62);
     raw.exec(&format!(
-        "UPDATE {table} SET token = 1000000, expires_us = {now} + 600000000 WHERE name = 'results/expiry'"
+        "UPDATE {table} SET token = {higher}, expires_us = {now} + 600000000 WHERE name = 'results/expiry'"
     ))
     .await;
     let lower = locker.acquire(&name, &opts()).await.expect("acquire");

@@ -9,6 +9,9 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+#[cfg(feature = "postgres")]
+pub(crate) use postgres::record_key;
+
 use std::sync::Arc;
 
 use crate::config::Dialect;
@@ -35,6 +38,13 @@ pub(crate) enum Param {
     RetentionUs,
     /// The kind of a hold in the holds table (see [`HoldSql`]).
     Kind,
+    /// When a new or renewed hold of the holds table expires, in microseconds of the
+    /// database's clock: one value for its row and the lease row's `shared_us`.
+    ExpiresUs,
+    /// How long a waiter's place lasts after its refresh, in microseconds.
+    LapseUs,
+    /// How long an idle name's rows are kept, in microseconds.
+    KeepUs,
 }
 
 /// What a statement answers with.
@@ -66,7 +76,8 @@ impl Stmt {
 ///   answers with the token: a `(fence, holds)` row, or on MySQL the `LAST_INSERT_ID`
 ///   value (0 when busy). It records the request id of the grant in `grants`
 ///   (`,id1,id2,`: one per hold of a re-entrant owner), so that a release, or the give-back
-///   of an acquire whose reply was lost, takes back exactly its own grant, once.
+///   of an acquire whose reply was lost, takes back exactly its own grant, once. A row it
+///   makes starts its fence at the database's clock in microseconds (see [`SweepSql`]).
 /// - `acquire` grants only while no shared hold or permit is live: the row's `shared_us`
 ///   (the latest expiry of the name's shared holds and permits, kept by [`HoldSql`]) has
 ///   passed. The exclusive statements read nothing but their own row, so they stay one
@@ -74,7 +85,9 @@ impl Stmt {
 /// - `inspect` answers `(owner, fence, holds, remaining_us, shared_remaining_us)`.
 /// - `renew` and `release` are owner- and token-checked; they match one row or none.
 ///   `release` also needs its grant to be recorded, and removes it: a release applied twice
-///   (its reply lost, then sent again) takes back one hold, not two.
+///   (its reply lost, then sent again) takes back one hold, not two. The last release of a
+///   hold sets `expires_us` to the time of the release, which is when the name was last
+///   used as far as the sweep is concerned.
 /// - `give_back` takes back the grant of one request id, if the row has it, whatever the
 ///   token (the caller never learnt it).
 /// - `renew_batch` renews many holds in one statement; it answers with the `(name, fence)`
@@ -88,8 +101,11 @@ impl Stmt {
 ///   MySQL `LOCK IN SHARE MODE`; SQLite holds the file's write lock for the statement), so a
 ///   release, eviction or grant cannot slip between the check and the write.
 /// - `results` are the statements of the results table beside the lease table.
+/// - `sweep` removes what idle names leave behind (see [`SweepSql`]).
 ///
-/// `create` makes the three tables.
+/// `create` makes the three tables; `indexes` the indexes the sweep reads (each with a
+/// probe that fails while it is missing, so that a client does not lock a large table to
+/// create an index that is there).
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseSql {
     pub(crate) create: Vec<String>,
@@ -104,9 +120,12 @@ pub(crate) struct LeaseSql {
     pub(crate) store_result: Stmt,
     pub(crate) results: ResultSql,
     pub(crate) holds: HoldSql,
+    pub(crate) sweep: SweepSql,
     /// Brings a lease table made by an earlier version up to date: a probe that fails on an
     /// old table, and the statement that fixes it.
     pub(crate) upgrade: Vec<(String, String)>,
+    /// The indexes of the sweep: a probe that fails while one is missing, and its `CREATE`.
+    pub(crate) indexes: Vec<(String, String)>,
     /// PostgreSQL: the LISTEN/NOTIFY channel released locks are announced on.
     pub(crate) channel: Option<String>,
 }
@@ -128,37 +147,44 @@ pub(crate) struct ResultSql {
     pub(crate) sweep: Stmt,
 }
 
-/// The `kind` of a holds-table row that is not a hold but a waiting writer's place: while
-/// one is live, no new shared hold or permit is granted (writer preference).
+/// The `kind` of a holds-table row that is not a hold but a waiter's place: a waiting
+/// writer's (its `fence` is 0), while which no new shared hold or permit is granted
+/// (writer preference), or a waiting permit request's (its `fence` is the number of
+/// permits it asks for), while which no later request for more permits is granted.
 pub(crate) const WAITING: &str = "waiting";
 
 /// The statements of the holds table (`<prefix>_holds` beside the lease table), which keeps
 /// the shared holds and semaphore permits: one row per grant (`name`, `request`: the
-/// request id; `owner`, `kind`: `shared`, `permit` or [`WAITING`]; `fence`: the token,
-/// shared by the grants of one owner's re-entered hold; `expires_us`). The fence counter
-/// stays in the lease row, so every grant of any kind takes the next token of one counter.
+/// request id; `owner`, `kind`: `shared`, `permit:<n>` with the permits the grant asked
+/// for (a plain `permit` from an earlier version bounds nobody) or [`WAITING`]; `fence`:
+/// the token, shared by the grants of one owner's re-entered hold, or a place's number
+/// of permits; `expires_us`). The fence counter stays in the lease row, so every grant of
+/// any kind takes the next token of one counter.
 ///
 /// Every change to a name's holds runs in a transaction that first locks the name's lease
 /// row (`lock`, then `locked` on MySQL), so the statements after it read the holds as the
 /// last transaction left them, and decide and write without anyone slipping in between.
 /// The lease row's `shared_us` carries the latest expiry of the live holds to the
-/// exclusive statements, which read no other table: raised by every grant and renewal,
-/// recomputed from the rows by every release (`recount`).
+/// exclusive statements, which read no other table: raised by every grant and renewal to
+/// the very expiry it gives the row ([`Param::ExpiresUs`], computed once from the clock
+/// `lock` read), so that it is never below a live row's, and recomputed from the rows by
+/// every release (`recount`).
 ///
-/// - `lock` makes the lease row if missing and locks it, answering (PostgreSQL, SQLite)
-///   `(owner, holds, remaining_us, fence)` of the exclusive hold; on MySQL `locked` reads
-///   them after it.
+/// - `lock` makes the lease row if missing (its fence starting at the clock, as
+///   `acquire`'s does) and locks it, answering (PostgreSQL, SQLite) `(owner, holds,
+///   remaining_us, fence, now_us)` of the exclusive hold; on MySQL `locked` reads them
+///   after it.
 /// - `live` answers `(request, owner, kind, fence, remaining_us)` of every live row.
-/// - `sweep` deletes the name's expired rows.
-/// - `bump` takes the next token and raises `shared_us` for a new hold of `ttl`, answering
-///   with the token (a row, or MySQL's `LAST_INSERT_ID`).
-/// - `insert` records one grant.
-/// - `touch` keeps the live rows of one hold (owner and token) for `ttl` more; `extend`
-///   raises `shared_us` to match.
+/// - `bump` takes the next token and raises `shared_us` to the new hold's expiry,
+///   answering with the token (a row, or MySQL's `LAST_INSERT_ID`).
+/// - `insert` records one grant with its expiry (over the request's own place, if any).
+/// - `touch` keeps the live rows of one hold (owner and token) until the expiry given;
+///   `extend` raises `shared_us` to match.
 /// - `release` deletes a live grant (owner, request id, token); `give_back` deletes the row
 ///   of a request id whatever it is (a grant of unknown token, or a waiting place);
-///   `recount` then sets `shared_us` from the rows left.
-/// - `wait` records (or refreshes) a waiting writer's place; `unwait` deletes it.
+///   `recount` then sets `shared_us` from the rows left (to the time of the release when
+///   none is left, the name's last use for the sweep).
+/// - `wait` records (or refreshes) a waiter's place for its lapse; `unwait` deletes it.
 /// - `evict` deletes every row of the name.
 /// - `store_result` is the lease table's `store_result` for a hold of this table.
 /// - `notify` (PostgreSQL) announces at commit that holds of the name were given up.
@@ -167,7 +193,6 @@ pub(crate) struct HoldSql {
     pub(crate) lock: Stmt,
     pub(crate) locked: Option<Stmt>,
     pub(crate) live: Stmt,
-    pub(crate) sweep: Stmt,
     pub(crate) bump: Stmt,
     pub(crate) insert: Stmt,
     pub(crate) touch: Stmt,
@@ -182,9 +207,78 @@ pub(crate) struct HoldSql {
     pub(crate) notify: Option<Stmt>,
 }
 
-/// The most expired result rows one sweep deletes, so that a sweep stays a short statement
+/// What a sweep of the lease-table backend deletes, each statement at most
+/// [`SWEEP_BATCH`] rows (the results table's expired rows are its `sweep`):
+///
+/// - `holds`: rows of the holds table past their expiry (holds nobody renewed, places
+///   nobody refreshed);
+/// - `leases`: lease rows of idle names: no live exclusive hold, no live shared hold or
+///   permit (`shared_us` has passed, which covers every live row of the holds table), no
+///   live place, and neither expiry (the time of the last release, or the expiry of the
+///   last grant or renewal) within the keep time ([`Param::KeepUs`]).
+///
+/// The conditions are judged on the lease row as it is when the statement locks it
+/// (PostgreSQL `FOR UPDATE SKIP LOCKED`, whose re-check reads the latest version; MySQL's
+/// locking reads; SQLite's single writer), and every grant raises `expires_us` or
+/// `shared_us` under that row's lock, so a sweep never deletes a row a grant is using. A
+/// name whose row is gone starts again from the database's clock in microseconds, above
+/// every token the row gave (a counter rises by one a grant, never faster than the
+/// clock), as long as the clock does not step back by the keep time.
+#[derive(Debug, Clone)]
+pub(crate) struct SweepSql {
+    pub(crate) holds: Stmt,
+    pub(crate) leases: Stmt,
+}
+
+/// The statements of the advisory variant's table `<prefix>_advisory` (`id`, `name`,
+/// `owner`, `fence`, `used_us`: when the name was last granted) that the sweep concerns:
+///
+/// - `create` makes the table; `upgrade` adds `used_us` to a table of an earlier version;
+///   `indexes` the index on `used_us` (a probe, and the `CREATE`).
+/// - `resolve` finds the name's row, making it if missing with its fence at the clock.
+/// - `try_lock` takes the lock on a session and, when it did, raises the fence and
+///   records the owner and the time (see `AdvisoryBackend::try_lock` for its answer).
+/// - `sweep` deletes up to [`SWEEP_BATCH`] rows granted last before the keep time that no
+///   session holds, proving it by taking the lock itself for the rest of the statement
+///   (PostgreSQL: a transaction-level advisory lock on the same key; MySQL:
+///   `IS_FREE_LOCK` under the row lock, which every grant holds while it takes the lock).
+/// - `orphan` (PostgreSQL): lets go of the lock a session took on a key whose row was
+///   deleted under it, and answers whether the row is gone.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug, Clone)]
+pub(crate) struct AdvisorySql {
+    pub(crate) create: String,
+    pub(crate) upgrade: Vec<(String, String)>,
+    pub(crate) indexes: Vec<(String, String)>,
+    pub(crate) resolve: String,
+    pub(crate) try_lock: String,
+    pub(crate) sweep: Stmt,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) orphan: Option<String>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl AdvisorySql {
+    /// The statements of the advisory table `table`, whose PostgreSQL locks are of class
+    /// `classid`.
+    pub(crate) fn new(dialect: Dialect, table: &str, classid: i32) -> Self {
+        match dialect {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres => postgres::advisory_sql(table, classid),
+            #[cfg(feature = "mysql")]
+            Dialect::MySql => {
+                let _ = classid;
+                mysql::advisory_sql(table)
+            }
+            #[allow(unreachable_patterns)]
+            other => unreachable!("{other:?} has no advisory locks"),
+        }
+    }
+}
+
+/// The most rows one sweep statement deletes, so that a sweep stays a short statement
 /// however many rows have piled up.
-pub(crate) const SWEEP_BATCH: u32 = 100;
+pub(crate) const SWEEP_BATCH: u32 = 1_000;
 
 impl ResultSql {
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
@@ -262,12 +356,16 @@ impl LeaseSql {
 }
 
 /// The statements that create the lease table `<prefix>_leases`, the results table
-/// `<prefix>_results` (with its index) and the holds table `<prefix>_holds` on `dialect`,
-/// for users who manage their schema with migrations (then connect with
-/// `create_table=false`). Without the results table, locks work and storing or loading a
-/// result fails with a database error; without the holds table, so do shared holds and
-/// permits. A lease table made by an earlier version needs its new column too:
-/// `shared_us`, a `BIGINT NOT NULL DEFAULT 0` (SQLite `INTEGER`).
+/// `<prefix>_results` (with its index), the holds table `<prefix>_holds` and the indexes
+/// the sweep of idle names reads, on `dialect`, for users who manage their schema with
+/// migrations (then connect with `create_table=false`). Without the results table, locks
+/// work and storing or loading a result fails with a database error; without the holds
+/// table, so do shared holds and permits; without the indexes, a sweep reads whole tables.
+/// A lease table made by an earlier version needs its new column too: `shared_us`, a
+/// `BIGINT NOT NULL DEFAULT 0` (SQLite `INTEGER`). A client that finds an index missing
+/// creates it as it connects, which holds writes to the table back while the index builds:
+/// on a large table made by an earlier version, create it beforehand (on PostgreSQL with
+/// `CREATE INDEX CONCURRENTLY`).
 ///
 /// ```
 /// use dlock_sql::{schema, Dialect};
@@ -275,8 +373,10 @@ impl LeaseSql {
 /// let ddl = schema(Dialect::Postgres, "dlock");
 /// assert!(ddl[0].starts_with("CREATE TABLE IF NOT EXISTS dlock_leases"));
 /// assert!(ddl[1].starts_with("CREATE TABLE IF NOT EXISTS dlock_results"));
+/// assert!(ddl.iter().any(|ddl| ddl.starts_with("CREATE INDEX IF NOT EXISTS dlock_leases_expires")));
 /// ```
 pub fn schema(dialect: Dialect, prefix: &str) -> Vec<String> {
     let (leases, results, holds) = (format!("{prefix}_leases"), format!("{prefix}_results"), format!("{prefix}_holds"));
-    LeaseSql::new(dialect, Tables { leases: &leases, results: &results, holds: &holds }).create
+    let sql = LeaseSql::new(dialect, Tables { leases: &leases, results: &results, holds: &holds });
+    sql.create.into_iter().chain(sql.indexes.into_iter().map(|(_, create)| create)).collect()
 }

@@ -8,7 +8,10 @@
 //! Names and owners are `VARBINARY`, so they compare byte by byte and a 1024-byte name
 //! fits InnoDB's 3072-byte key limit.
 
-use super::{HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, Tables, CLOCK_SLACK_US, SWEEP_BATCH, WAITING};
+use super::{
+    AdvisorySql, HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, SweepSql, Tables, CLOCK_SLACK_US, SWEEP_BATCH,
+    WAITING,
+};
 
 /// Microseconds since the epoch at the start of the statement (the session time zone is
 /// UTC, so `UNIX_TIMESTAMP(NOW(6))` is exact).
@@ -52,7 +55,7 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         acquire: Stmt::new(
             format!(
                 "INSERT INTO {t} (name, owner, holds, fence, expires_us, grants) \
-                 VALUES (?, ?, 1, LAST_INSERT_ID(1), {NOW} + ? + {CLOCK_SLACK_US}, CONCAT(',', ?, ',')) \
+                 VALUES (?, ?, 1, LAST_INSERT_ID({NOW}), {NOW} + ? + {CLOCK_SLACK_US}, CONCAT(',', ?, ',')) \
                  ON DUPLICATE KEY UPDATE \
                  fence = IF({free}, LAST_INSERT_ID(fence + 1), IF({mine}, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))), \
                  holds = IF({free}, 1, IF({mine}, holds + 1, holds)), \
@@ -100,7 +103,9 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         ),
         give_back: Stmt::new(take_back(t, ""), &[Grant, Name, Owner, Grant], Reply::Done),
         evict: Stmt::new(
-            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '', shared_us = 0 WHERE name = ?"),
+            format!(
+                "UPDATE {t} SET owner = NULL, holds = 0, expires_us = {NOW}, grants = '', shared_us = {NOW} WHERE name = ?"
+            ),
             &[Name],
             Reply::Done,
         ),
@@ -120,6 +125,7 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         ),
         results,
         holds: hold_sql(t, r, h),
+        sweep: sweep_sql(t, h),
         upgrade: vec![
             (
                 format!("SELECT grants FROM {t} WHERE 1 = 0"),
@@ -130,23 +136,50 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
                 format!("ALTER TABLE {t} ADD COLUMN shared_us BIGINT NOT NULL DEFAULT 0"),
             ),
         ],
+        indexes: vec![index(t, "expires", "expires_us"), index(h, "expires", "expires_us")],
         channel: None,
+    }
+}
+
+/// The index `<table>_<suffix>` on `column`, and a probe that fails while it is missing
+/// (MySQL 8 has no `CREATE INDEX IF NOT EXISTS`).
+fn index(table: &str, suffix: &str, column: &str) -> (String, String) {
+    (
+        format!("SELECT 1 FROM {table} FORCE INDEX ({table}_{suffix}) WHERE 1 = 0"),
+        format!("CREATE INDEX {table}_{suffix} ON {table} ({column})"),
+    )
+}
+
+/// The sweep of the lease table `t` and the holds table `h` (see [`SweepSql`]). A
+/// `DELETE` reads each row as it is when it locks it (a locking read, whatever the
+/// isolation level), so a grant committed meanwhile keeps its row.
+fn sweep_sql(t: &str, h: &str) -> SweepSql {
+    SweepSql {
+        holds: Stmt::new(format!("DELETE FROM {h} WHERE expires_us <= {NOW} LIMIT {SWEEP_BATCH}"), &[], Reply::Done),
+        leases: Stmt::new(
+            format!(
+                "DELETE FROM {t} WHERE expires_us <= {NOW} - ? AND shared_us <= {NOW} - ? \
+                 AND NOT EXISTS (SELECT 1 FROM {h} AS h WHERE h.name = {t}.name AND h.expires_us > {NOW}) \
+                 LIMIT {SWEEP_BATCH}"
+            ),
+            &[KeepUs, KeepUs],
+            Reply::Done,
+        ),
     }
 }
 
 /// The statements of the holds table `h` beside the lease table `t` (see [`HoldSql`]).
 fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
-    let expiry = format!("{NOW} + ? + {CLOCK_SLACK_US}");
     HoldSql {
         // The upsert locks the row even when it changes nothing; `locked` then reads it as
         // it is now (a locking read, whatever the isolation level).
         lock: Stmt::new(
-            format!("INSERT INTO {t} (name) VALUES (?) ON DUPLICATE KEY UPDATE fence = fence"),
+            format!("INSERT INTO {t} (name, fence) VALUES (?, {NOW}) ON DUPLICATE KEY UPDATE fence = fence"),
             &[Name],
             Reply::Done,
         ),
         locked: Some(Stmt::new(
-            format!("SELECT owner, holds, expires_us - {NOW}, fence FROM {t} WHERE name = ? FOR UPDATE"),
+            format!("SELECT owner, holds, expires_us - {NOW}, fence, {NOW} FROM {t} WHERE name = ? FOR UPDATE"),
             &[Name],
             Reply::Rows,
         )),
@@ -157,35 +190,33 @@ fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
             &[Name],
             Reply::Rows,
         ),
-        sweep: Stmt::new(format!("DELETE FROM {h} WHERE name = ? AND expires_us <= {NOW}"), &[Name], Reply::Done),
         bump: Stmt::new(
             format!(
-                "UPDATE {t} SET fence = LAST_INSERT_ID(fence + 1), shared_us = GREATEST(shared_us, {expiry}) \
-                 WHERE name = ?"
+                "UPDATE {t} SET fence = LAST_INSERT_ID(fence + 1), shared_us = GREATEST(shared_us, ?) WHERE name = ?"
             ),
-            &[TtlUs, Name],
+            &[ExpiresUs, Name],
             Reply::Done,
         ),
         insert: Stmt::new(
             format!(
-                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) VALUES (?, ?, ?, ?, ?, {expiry}) \
+                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) VALUES (?, ?, ?, ?, ?, ?) \
                  ON DUPLICATE KEY UPDATE owner = VALUES(owner), kind = VALUES(kind), fence = VALUES(fence), \
                  expires_us = VALUES(expires_us)"
             ),
-            &[Name, Grant, Owner, Kind, Fence, TtlUs],
+            &[Name, Grant, Owner, Kind, Fence, ExpiresUs],
             Reply::Done,
         ),
         touch: Stmt::new(
             format!(
-                "UPDATE {h} SET expires_us = GREATEST(expires_us, {expiry}) \
+                "UPDATE {h} SET expires_us = GREATEST(expires_us, ?) \
                  WHERE name = ? AND owner = ? AND fence = ? AND kind <> '{WAITING}' AND expires_us > {NOW}"
             ),
-            &[TtlUs, Name, Owner, Fence],
+            &[ExpiresUs, Name, Owner, Fence],
             Reply::Done,
         ),
         extend: Stmt::new(
-            format!("UPDATE {t} SET shared_us = GREATEST(shared_us, {expiry}) WHERE name = ?"),
-            &[TtlUs, Name],
+            format!("UPDATE {t} SET shared_us = GREATEST(shared_us, ?) WHERE name = ?"),
+            &[ExpiresUs, Name],
             Reply::Done,
         ),
         release: Stmt::new(
@@ -204,7 +235,7 @@ fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
         recount: Stmt::new(
             format!(
                 "UPDATE {t} SET shared_us = COALESCE((SELECT MAX(h.expires_us) FROM {h} AS h \
-                 WHERE h.name = ? AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), 0) WHERE name = ?"
+                 WHERE h.name = ? AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), {NOW}) WHERE name = ?"
             ),
             &[Name, Name],
             Reply::Done,
@@ -212,10 +243,11 @@ fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
         wait: Stmt::new(
             format!(
                 "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) \
-                 VALUES (?, ?, ?, '{WAITING}', 0, {expiry}) \
-                 ON DUPLICATE KEY UPDATE expires_us = IF(kind = '{WAITING}', VALUES(expires_us), expires_us)"
+                 VALUES (?, ?, ?, '{WAITING}', ?, {NOW} + ? + {CLOCK_SLACK_US}) \
+                 ON DUPLICATE KEY UPDATE fence = IF(kind = '{WAITING}', VALUES(fence), fence), \
+                 expires_us = IF(kind = '{WAITING}', VALUES(expires_us), expires_us)"
             ),
-            &[Name, Grant, Owner, TtlUs],
+            &[Name, Grant, Owner, Fence, LapseUs],
             Reply::Done,
         ),
         unwait: Stmt::new(
@@ -248,7 +280,7 @@ fn take_back(t: &str, extra: &str) -> String {
         "UPDATE {t} SET holds = holds - 1, \
          grants = REPLACE(grants, CONCAT(',', ?, ','), ','), \
          owner = IF(holds = 0, NULL, owner), \
-         expires_us = IF(holds = 0, 0, expires_us) \
+         expires_us = IF(holds = 0, {NOW}, expires_us) \
          WHERE name = ? AND owner = ? AND LOCATE(CONCAT(',', ?, ','), grants) > 0 {extra}"
     )
 }
@@ -296,3 +328,41 @@ fn older(token: &str) -> String {
 /// The upsert of a store whose checks passed.
 const REPLACE: &str =
     "ON DUPLICATE KEY UPDATE token = VALUES(token), value = VALUES(value), expires_us = VALUES(expires_us)";
+
+/// The statements of the advisory table `a` (see [`AdvisorySql`]).
+pub(super) fn advisory_sql(a: &str) -> AdvisorySql {
+    AdvisorySql {
+        create: format!(
+            "CREATE TABLE IF NOT EXISTS {a} (id INT NOT NULL AUTO_INCREMENT UNIQUE, \
+             name VARBINARY(1024) NOT NULL PRIMARY KEY, owner VARBINARY(256) NULL, \
+             fence BIGINT NOT NULL DEFAULT 0, used_us BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
+        ),
+        upgrade: vec![(
+            format!("SELECT used_us FROM {a} WHERE 1 = 0"),
+            format!("ALTER TABLE {a} ADD COLUMN used_us BIGINT NOT NULL DEFAULT 0"),
+        )],
+        indexes: vec![index(a, "used", "used_us")],
+        resolve: format!(
+            "INSERT INTO {a} (name, fence, used_us) VALUES (?, {NOW}, {NOW}) ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)"
+        ),
+        // InnoDB locks the row before it judges the condition. The lock name reads
+        // `fence`, which no index holds, so the condition cannot be pushed down to the index
+        // and judged before the row is locked. A busy lock sets `LAST_INSERT_ID` to 1 as it
+        // refuses, which a missing row (nothing judged) leaves at 0: the answer tells a lock
+        // held by another session from a row a sweep deleted since the id was looked up.
+        try_lock: format!(
+            "UPDATE {a} SET fence = LAST_INSERT_ID(fence + 1), owner = ?, used_us = {NOW} \
+             WHERE id = ? AND IF(GET_LOCK(CONCAT('{a}:', id + 0 * fence), 0) = 1, TRUE, LAST_INSERT_ID(1) = 0)"
+        ),
+        // Every grant holds the row locked while it takes the lock, and so does the delete
+        // while it looks whether the lock is free: neither slips between the other's steps.
+        sweep: Stmt::new(
+            format!(
+                "DELETE FROM {a} WHERE used_us <= {NOW} - ? AND IS_FREE_LOCK(CONCAT('{a}:', id)) = 1 LIMIT {SWEEP_BATCH}"
+            ),
+            &[KeepUs],
+            Reply::Done,
+        ),
+        orphan: None,
+    }
+}

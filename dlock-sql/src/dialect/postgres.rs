@@ -1,7 +1,10 @@
 //! PostgreSQL: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` per acquire; release
 //! announces a freed lock with `pg_notify` (sent at commit).
 
-use super::{HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, Tables, CLOCK_SLACK_US, SWEEP_BATCH, WAITING};
+use super::{
+    AdvisorySql, HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, SweepSql, Tables, CLOCK_SLACK_US, SWEEP_BATCH,
+    WAITING,
+};
 
 /// Microseconds since the epoch at the start of the statement, exact.
 const NOW: &str = "(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000))::bigint";
@@ -37,7 +40,7 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         acquire: Stmt::new(
             format!(
                 "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us, grants) \
-                 VALUES ($1, $2, 1, 1, {NOW} + $3 + {CLOCK_SLACK_US}, ',' || $4 || ',') \
+                 VALUES ($1, $2, 1, {NOW}, {NOW} + $3 + {CLOCK_SLACK_US}, ',' || $4 || ',') \
                  ON CONFLICT (name) DO UPDATE SET \
                  holds = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_us > {NOW} THEN l.holds + 1 ELSE 1 END, \
                  fence = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_us > {NOW} THEN l.fence ELSE l.fence + 1 END, \
@@ -84,7 +87,7 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         give_back: Stmt::new(take_back(t, &channel, ""), &[Name, Owner, Grant], Reply::Rows),
         evict: Stmt::new(
             format!(
-                "WITH r AS (UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '', shared_us = 0 \
+                "WITH r AS (UPDATE {t} SET owner = NULL, holds = 0, expires_us = {NOW}, grants = '', shared_us = {NOW} \
                  WHERE name = $1 RETURNING name) \
                  SELECT (SELECT 1 FROM pg_notify('{channel}', $1)) FROM r"
             ),
@@ -108,6 +111,7 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         ),
         results,
         holds: hold_sql(t, r, h, &channel),
+        sweep: sweep_sql(t, h),
         upgrade: vec![
             (
                 format!("SELECT grants FROM {t} WHERE 1 = 0"),
@@ -118,19 +122,53 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
                 format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS shared_us BIGINT NOT NULL DEFAULT 0"),
             ),
         ],
+        indexes: vec![index(t, "expires", "expires_us"), index(h, "expires", "expires_us")],
         channel: Some(channel),
+    }
+}
+
+/// The index `<table>_<suffix>` on `column`, and a probe that fails while it is missing.
+fn index(table: &str, suffix: &str, column: &str) -> (String, String) {
+    (
+        format!("SELECT '{table}_{suffix}'::regclass"),
+        format!("CREATE INDEX IF NOT EXISTS {table}_{suffix} ON {table} ({column})"),
+    )
+}
+
+/// The sweep of the lease table `t` and the holds table `h` (see [`SweepSql`]). `SKIP
+/// LOCKED`: a row a grant is using is left for a later sweep; a row that changed since the
+/// statement began is judged again as it is now, before it is locked.
+fn sweep_sql(t: &str, h: &str) -> SweepSql {
+    SweepSql {
+        holds: Stmt::new(
+            format!(
+                "DELETE FROM {h} WHERE (name, request) IN (SELECT name, request FROM {h} \
+                 WHERE expires_us <= {NOW} LIMIT {SWEEP_BATCH} FOR UPDATE SKIP LOCKED)"
+            ),
+            &[],
+            Reply::Done,
+        ),
+        leases: Stmt::new(
+            format!(
+                "DELETE FROM {t} WHERE name IN (SELECT l.name FROM {t} AS l \
+                 WHERE l.expires_us <= {NOW} - $1 AND l.shared_us <= {NOW} - $1 \
+                 AND NOT EXISTS (SELECT 1 FROM {h} AS h WHERE h.name = l.name AND h.expires_us > {NOW}) \
+                 LIMIT {SWEEP_BATCH} FOR UPDATE OF l SKIP LOCKED)"
+            ),
+            &[KeepUs],
+            Reply::Done,
+        ),
     }
 }
 
 /// The statements of the holds table `h` beside the lease table `t` (see [`HoldSql`]).
 fn hold_sql(t: &str, r: &str, h: &str, channel: &str) -> HoldSql {
-    let expiry = format!("{NOW} + $6 + {CLOCK_SLACK_US}");
     HoldSql {
         // A no-op update still locks the row, and RETURNING reads its latest version.
         lock: Stmt::new(
             format!(
-                "INSERT INTO {t} AS l (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET fence = l.fence \
-                 RETURNING l.owner, l.holds, l.expires_us - {NOW}, l.fence"
+                "INSERT INTO {t} AS l (name, fence) VALUES ($1, {NOW}) ON CONFLICT (name) DO UPDATE SET fence = l.fence \
+                 RETURNING l.owner, l.holds, l.expires_us - {NOW}, l.fence, {NOW}"
             ),
             &[Name],
             Reply::Rows,
@@ -141,35 +179,31 @@ fn hold_sql(t: &str, r: &str, h: &str, channel: &str) -> HoldSql {
             &[Name],
             Reply::Rows,
         ),
-        sweep: Stmt::new(format!("DELETE FROM {h} WHERE name = $1 AND expires_us <= {NOW}"), &[Name], Reply::Done),
         bump: Stmt::new(
-            format!(
-                "UPDATE {t} SET fence = fence + 1, shared_us = GREATEST(shared_us, {NOW} + $2 + {CLOCK_SLACK_US}) \
-                 WHERE name = $1 RETURNING fence"
-            ),
-            &[Name, TtlUs],
+            format!("UPDATE {t} SET fence = fence + 1, shared_us = GREATEST(shared_us, $2) WHERE name = $1 RETURNING fence"),
+            &[Name, ExpiresUs],
             Reply::Rows,
         ),
         insert: Stmt::new(
             format!(
-                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) VALUES ($1, $2, $3, $4, $5, {expiry}) \
+                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) VALUES ($1, $2, $3, $4, $5, $6) \
                  ON CONFLICT (name, request) DO UPDATE SET owner = EXCLUDED.owner, kind = EXCLUDED.kind, \
                  fence = EXCLUDED.fence, expires_us = EXCLUDED.expires_us"
             ),
-            &[Name, Grant, Owner, Kind, Fence, TtlUs],
+            &[Name, Grant, Owner, Kind, Fence, ExpiresUs],
             Reply::Done,
         ),
         touch: Stmt::new(
             format!(
-                "UPDATE {h} SET expires_us = GREATEST(expires_us, {NOW} + $4 + {CLOCK_SLACK_US}) \
+                "UPDATE {h} SET expires_us = GREATEST(expires_us, $4) \
                  WHERE name = $1 AND owner = $2 AND fence = $3 AND kind <> '{WAITING}' AND expires_us > {NOW}"
             ),
-            &[Name, Owner, Fence, TtlUs],
+            &[Name, Owner, Fence, ExpiresUs],
             Reply::Done,
         ),
         extend: Stmt::new(
-            format!("UPDATE {t} SET shared_us = GREATEST(shared_us, {NOW} + $2 + {CLOCK_SLACK_US}) WHERE name = $1"),
-            &[Name, TtlUs],
+            format!("UPDATE {t} SET shared_us = GREATEST(shared_us, $2) WHERE name = $1"),
+            &[Name, ExpiresUs],
             Reply::Done,
         ),
         release: Stmt::new(
@@ -188,7 +222,7 @@ fn hold_sql(t: &str, r: &str, h: &str, channel: &str) -> HoldSql {
         recount: Stmt::new(
             format!(
                 "UPDATE {t} SET shared_us = COALESCE((SELECT MAX(h.expires_us) FROM {h} AS h \
-                 WHERE h.name = $1 AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), 0) WHERE name = $1"
+                 WHERE h.name = $1 AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), {NOW}) WHERE name = $1"
             ),
             &[Name],
             Reply::Done,
@@ -196,11 +230,11 @@ fn hold_sql(t: &str, r: &str, h: &str, channel: &str) -> HoldSql {
         wait: Stmt::new(
             format!(
                 "INSERT INTO {h} AS h (name, request, owner, kind, fence, expires_us) \
-                 VALUES ($1, $2, $3, '{WAITING}', 0, {NOW} + $4 + {CLOCK_SLACK_US}) \
-                 ON CONFLICT (name, request) DO UPDATE SET expires_us = EXCLUDED.expires_us \
+                 VALUES ($1, $2, $3, '{WAITING}', $4, {NOW} + $5 + {CLOCK_SLACK_US}) \
+                 ON CONFLICT (name, request) DO UPDATE SET fence = EXCLUDED.fence, expires_us = EXCLUDED.expires_us \
                  WHERE h.kind = '{WAITING}'"
             ),
-            &[Name, Grant, Owner, TtlUs],
+            &[Name, Grant, Owner, Fence, LapseUs],
             Reply::Done,
         ),
         // Readers that waited behind the writer may go now.
@@ -239,7 +273,7 @@ fn take_back(t: &str, channel: &str, extra: &str) -> String {
         "WITH r AS (UPDATE {t} SET holds = holds - 1, \
          grants = replace(grants, ',' || $3 || ',', ','), \
          owner = CASE WHEN holds <= 1 THEN NULL ELSE owner END, \
-         expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
+         expires_us = CASE WHEN holds <= 1 THEN {NOW} ELSE expires_us END \
          WHERE name = $1 AND owner = $2 AND strpos(grants, ',' || $3 || ',') > 0 {extra} RETURNING holds) \
          SELECT holds, CASE WHEN holds = 0 THEN (SELECT 1 FROM pg_notify('{channel}', $1)) END FROM r"
     )
@@ -296,4 +330,65 @@ fn replace_older() -> String {
          token = EXCLUDED.token, value = EXCLUDED.value, expires_us = EXCLUDED.expires_us \
          WHERE r.token < EXCLUDED.token OR r.expires_us <= {NOW}"
     )
+}
+
+/// PostgreSQL's one-key advisory lock that a grant of row `id` (an SQL expression) holds
+/// until it commits, and that a lookup takes shared. One-key locks never meet the two-key
+/// locks that are held as the locks themselves.
+pub(crate) fn record_key(classid: i32, id: &str) -> String {
+    format!("(({classid}::int8 << 32) | ({id})::int8)")
+}
+
+/// The statements of the advisory table `a` (see [`AdvisorySql`]), whose locks are of
+/// class `classid`.
+pub(super) fn advisory_sql(a: &str, classid: i32) -> AdvisorySql {
+    // Every advisory lock of this table's class held on this database, by any session.
+    let held = format!(
+        "SELECT k.objid FROM pg_locks AS k WHERE k.locktype = 'advisory' AND k.objsubid = 2 \
+         AND k.classid = {classid}::oid AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    );
+    AdvisorySql {
+        create: format!(
+            "CREATE TABLE IF NOT EXISTS {a} (id INTEGER GENERATED BY DEFAULT AS IDENTITY UNIQUE, \
+             name TEXT COLLATE \"C\" NOT NULL PRIMARY KEY, owner TEXT COLLATE \"C\", \
+             fence BIGINT NOT NULL DEFAULT 0, used_us BIGINT NOT NULL DEFAULT 0)"
+        ),
+        upgrade: vec![(
+            format!("SELECT used_us FROM {a} WHERE 1 = 0"),
+            format!("ALTER TABLE {a} ADD COLUMN IF NOT EXISTS used_us BIGINT NOT NULL DEFAULT 0"),
+        )],
+        indexes: vec![index(a, "used", "used_us")],
+        resolve: format!(
+            "INSERT INTO {a} (name, fence, used_us) VALUES ($1, {NOW}, {NOW}) \
+             ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id::int8"
+        ),
+        // The sub-select runs once, before the row is written: the fence rises only under
+        // the lock. Its inner select takes the record key first. The second column says
+        // whether the row was there when the statement began: a sweep may have deleted it
+        // since the id was looked up.
+        try_lock: format!(
+            "WITH granted AS (UPDATE {a} SET fence = fence + 1, owner = $3, used_us = {NOW} WHERE id = $2 AND \
+             (SELECT pg_try_advisory_lock($1, $2) FROM (SELECT pg_advisory_xact_lock({record})) AS recorded) \
+             RETURNING fence) \
+             SELECT (SELECT fence FROM granted), EXISTS (SELECT 1 FROM {a} WHERE id = $2)",
+            record = record_key(classid, "$2")
+        ),
+        // The transaction-level lock on the row's own key cannot be had while a session
+        // holds it, and keeps every session from taking it until the row is gone. The
+        // candidates leave out keys held now, so that held rows never fill a batch.
+        sweep: Stmt::new(
+            format!(
+                "WITH idle AS MATERIALIZED (SELECT a.id FROM {a} AS a WHERE a.used_us <= {NOW} - $1 \
+                 AND a.id::oid NOT IN ({held}) LIMIT {SWEEP_BATCH} FOR UPDATE OF a SKIP LOCKED), \
+                 free AS MATERIALIZED (SELECT id FROM idle WHERE pg_try_advisory_xact_lock({classid}, id)) \
+                 DELETE FROM {a} WHERE id IN (SELECT id FROM free)"
+            ),
+            &[KeepUs],
+            Reply::Done,
+        ),
+        // The lock statement takes the lock before it looks for the row: when the row is
+        // gone, the session may hold a lock of no row. A session that tries for a lock
+        // holds no other, so it lets go of everything.
+        orphan: Some("SELECT pg_advisory_unlock_all()".to_string()),
+    }
 }

@@ -2,7 +2,9 @@
 //! write statement takes the file's write lock before it reads, so it is atomic across
 //! processes; waiting for that lock is bounded by the busy timeout.
 
-use super::{HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, Tables, CLOCK_SLACK_US, SWEEP_BATCH, WAITING};
+use super::{
+    HoldSql, LeaseSql, Param::*, Reply, ResultSql, Stmt, SweepSql, Tables, CLOCK_SLACK_US, SWEEP_BATCH, WAITING,
+};
 
 /// Microseconds since the epoch, from the statement's `'now'` (millisecond resolution).
 const NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
@@ -37,7 +39,7 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         acquire: Stmt::new(
             format!(
                 "INSERT INTO {t} AS l (name, owner, holds, fence, expires_us, grants) \
-                 VALUES (?1, ?2, 1, 1, {NOW} + ?3 + {CLOCK_SLACK_US}, ',' || ?4 || ',') \
+                 VALUES (?1, ?2, 1, {NOW}, {NOW} + ?3 + {CLOCK_SLACK_US}, ',' || ?4 || ',') \
                  ON CONFLICT (name) DO UPDATE SET \
                  holds = CASE WHEN l.owner = excluded.owner AND l.expires_us > {NOW} THEN l.holds + 1 ELSE 1 END, \
                  fence = CASE WHEN l.owner = excluded.owner AND l.expires_us > {NOW} THEN l.fence ELSE l.fence + 1 END, \
@@ -84,7 +86,9 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         ),
         give_back: Stmt::new(take_back(t, ""), &[Name, Owner, Grant], Reply::Done),
         evict: Stmt::new(
-            format!("UPDATE {t} SET owner = NULL, holds = 0, expires_us = 0, grants = '', shared_us = 0 WHERE name = ?1"),
+            format!(
+                "UPDATE {t} SET owner = NULL, holds = 0, expires_us = {NOW}, grants = '', shared_us = {NOW} WHERE name = ?1"
+            ),
             &[Name],
             Reply::Done,
         ),
@@ -104,6 +108,7 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
         ),
         results,
         holds: hold_sql(t, r, h),
+        sweep: sweep_sql(t, h),
         upgrade: vec![
             (
                 format!("SELECT grants FROM {t} WHERE 1 = 0"),
@@ -114,7 +119,41 @@ pub(super) fn lease_sql(tables: Tables<'_>) -> LeaseSql {
                 format!("ALTER TABLE {t} ADD COLUMN shared_us INTEGER NOT NULL DEFAULT 0"),
             ),
         ],
+        indexes: vec![index(t, "expires", "expires_us"), index(h, "expires", "expires_us")],
         channel: None,
+    }
+}
+
+/// The index `<table>_<suffix>` on `column`, and a probe that fails while it is missing.
+fn index(table: &str, suffix: &str, column: &str) -> (String, String) {
+    (
+        format!("SELECT 1 FROM {table} INDEXED BY {table}_{suffix} WHERE 1 = 0"),
+        format!("CREATE INDEX IF NOT EXISTS {table}_{suffix} ON {table} ({column})"),
+    )
+}
+
+/// The sweep of the lease table `t` and the holds table `h` (see [`SweepSql`]): one
+/// statement is one write, which no other statement of any process interleaves.
+fn sweep_sql(t: &str, h: &str) -> SweepSql {
+    SweepSql {
+        holds: Stmt::new(
+            format!(
+                "DELETE FROM {h} WHERE (name, request) IN \
+                 (SELECT name, request FROM {h} WHERE expires_us <= {NOW} LIMIT {SWEEP_BATCH})"
+            ),
+            &[],
+            Reply::Done,
+        ),
+        leases: Stmt::new(
+            format!(
+                "DELETE FROM {t} WHERE name IN (SELECT l.name FROM {t} AS l \
+                 WHERE l.expires_us <= {NOW} - ?1 AND l.shared_us <= {NOW} - ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM {h} AS h WHERE h.name = l.name AND h.expires_us > {NOW}) \
+                 LIMIT {SWEEP_BATCH})"
+            ),
+            &[KeepUs],
+            Reply::Done,
+        ),
     }
 }
 
@@ -125,8 +164,8 @@ fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
     HoldSql {
         lock: Stmt::new(
             format!(
-                "INSERT INTO {t} AS l (name) VALUES (?1) ON CONFLICT (name) DO UPDATE SET fence = l.fence \
-                 RETURNING owner, holds, expires_us - {NOW}, fence"
+                "INSERT INTO {t} AS l (name, fence) VALUES (?1, {NOW}) ON CONFLICT (name) DO UPDATE SET fence = l.fence \
+                 RETURNING owner, holds, expires_us - {NOW}, fence, {NOW}"
             ),
             &[Name],
             Reply::Rows,
@@ -137,36 +176,31 @@ fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
             &[Name],
             Reply::Rows,
         ),
-        sweep: Stmt::new(format!("DELETE FROM {h} WHERE name = ?1 AND expires_us <= {NOW}"), &[Name], Reply::Done),
         bump: Stmt::new(
-            format!(
-                "UPDATE {t} SET fence = fence + 1, shared_us = MAX(shared_us, {NOW} + ?2 + {CLOCK_SLACK_US}) \
-                 WHERE name = ?1 RETURNING fence"
-            ),
-            &[Name, TtlUs],
+            format!("UPDATE {t} SET fence = fence + 1, shared_us = MAX(shared_us, ?2) WHERE name = ?1 RETURNING fence"),
+            &[Name, ExpiresUs],
             Reply::Rows,
         ),
         insert: Stmt::new(
             format!(
-                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, {NOW} + ?6 + {CLOCK_SLACK_US}) \
+                "INSERT INTO {h} (name, request, owner, kind, fence, expires_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
                  ON CONFLICT (name, request) DO UPDATE SET owner = excluded.owner, kind = excluded.kind, \
                  fence = excluded.fence, expires_us = excluded.expires_us"
             ),
-            &[Name, Grant, Owner, Kind, Fence, TtlUs],
+            &[Name, Grant, Owner, Kind, Fence, ExpiresUs],
             Reply::Done,
         ),
         touch: Stmt::new(
             format!(
-                "UPDATE {h} SET expires_us = MAX(expires_us, {NOW} + ?4 + {CLOCK_SLACK_US}) \
+                "UPDATE {h} SET expires_us = MAX(expires_us, ?4) \
                  WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND kind <> '{WAITING}' AND expires_us > {NOW}"
             ),
-            &[Name, Owner, Fence, TtlUs],
+            &[Name, Owner, Fence, ExpiresUs],
             Reply::Done,
         ),
         extend: Stmt::new(
-            format!("UPDATE {t} SET shared_us = MAX(shared_us, {NOW} + ?2 + {CLOCK_SLACK_US}) WHERE name = ?1"),
-            &[Name, TtlUs],
+            format!("UPDATE {t} SET shared_us = MAX(shared_us, ?2) WHERE name = ?1"),
+            &[Name, ExpiresUs],
             Reply::Done,
         ),
         release: Stmt::new(
@@ -185,7 +219,7 @@ fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
         recount: Stmt::new(
             format!(
                 "UPDATE {t} SET shared_us = COALESCE((SELECT MAX(h.expires_us) FROM {h} AS h \
-                 WHERE h.name = ?1 AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), 0) WHERE name = ?1"
+                 WHERE h.name = ?1 AND h.kind <> '{WAITING}' AND h.expires_us > {NOW}), {NOW}) WHERE name = ?1"
             ),
             &[Name],
             Reply::Done,
@@ -193,11 +227,11 @@ fn hold_sql(t: &str, r: &str, h: &str) -> HoldSql {
         wait: Stmt::new(
             format!(
                 "INSERT INTO {h} AS h (name, request, owner, kind, fence, expires_us) \
-                 VALUES (?1, ?2, ?3, '{WAITING}', 0, {NOW} + ?4 + {CLOCK_SLACK_US}) \
-                 ON CONFLICT (name, request) DO UPDATE SET expires_us = excluded.expires_us \
+                 VALUES (?1, ?2, ?3, '{WAITING}', ?4, {NOW} + ?5 + {CLOCK_SLACK_US}) \
+                 ON CONFLICT (name, request) DO UPDATE SET fence = excluded.fence, expires_us = excluded.expires_us \
                  WHERE h.kind = '{WAITING}'"
             ),
-            &[Name, Grant, Owner, TtlUs],
+            &[Name, Grant, Owner, Fence, LapseUs],
             Reply::Done,
         ),
         unwait: Stmt::new(
@@ -231,7 +265,7 @@ fn take_back(t: &str, extra: &str) -> String {
         "UPDATE {t} SET holds = holds - 1, \
          grants = replace(grants, ',' || ?3 || ',', ','), \
          owner = CASE WHEN holds <= 1 THEN NULL ELSE owner END, \
-         expires_us = CASE WHEN holds <= 1 THEN 0 ELSE expires_us END \
+         expires_us = CASE WHEN holds <= 1 THEN {NOW} ELSE expires_us END \
          WHERE name = ?1 AND owner = ?2 AND instr(grants, ',' || ?3 || ',') > 0 {extra}"
     )
 }

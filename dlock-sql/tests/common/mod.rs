@@ -160,6 +160,41 @@ impl SqlFixture {
         total
     }
 
+    /// The first column of the first row `sql` answers (a query without parameters, in
+    /// the fixture's dialect), or `None` when it answers no row or a NULL.
+    pub(crate) async fn scalar(&self, sql: &str) -> Option<i64> {
+        let sql = sqlx::AssertSqlSafe(sql.to_string());
+        let found: Result<Option<Option<i64>>, sqlx::Error> = match self.db {
+            #[cfg(feature = "postgres")]
+            Kind::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+                sqlx::query_scalar(sql).fetch_optional(&pool).await
+            }
+            #[cfg(feature = "mysql")]
+            Kind::MariaDb => {
+                let pool = sqlx::MySqlPool::connect(&self.url).await.expect("connect");
+                sqlx::query_scalar(sql).fetch_optional(&pool).await
+            }
+            #[cfg(feature = "sqlite")]
+            Kind::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+                sqlx::query_scalar(sql).fetch_optional(&pool).await
+            }
+            #[allow(unreachable_patterns)]
+            _ => panic!("{:?} is not compiled in", self.db),
+        };
+        found.unwrap_or_else(|e| panic!("{e}")).flatten()
+    }
+
+    /// Microseconds since the epoch on the database's clock, as an SQL expression.
+    pub(crate) fn now_us(&self) -> &'static str {
+        match self.db {
+            Kind::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint",
+            Kind::MariaDb => "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
+            Kind::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
+        }
+    }
+
     pub(crate) fn url(&self) -> &str {
         &self.url
     }
@@ -237,13 +272,15 @@ impl SqlFixture {
     }
 }
 
-/// The fixtures' client settings: short operation and connect timeouts.
+/// The fixtures' client settings: short operation and connect timeouts, and idle names
+/// kept for [`IDLE`].
 pub(crate) fn config(url: &str) -> SqlConfig {
     SqlConfig::from_url(url)
         .expect("url")
         .with_op_timeout(OP_TIMEOUT)
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_pool_size(10)
+        .with_keep_idle(IDLE)
 }
 
 /// Whether a database error says the table does not exist (PostgreSQL, MariaDB, SQLite).
