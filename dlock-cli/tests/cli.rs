@@ -334,6 +334,31 @@ mod sqlite {
         once_runs_at_most_once(&url(dir.path()), dir.path());
     }
 
+    /// `dlock gc` removes the row of a name idle for the URL's keep time, and the name's
+    /// next grant still gets a higher token.
+    #[test]
+    fn gc_removes_idle_names_and_tokens_still_rise() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("{}?keep_idle=200ms", url(dir.path()));
+        let token = |url: &str| -> u64 {
+            let out = output(dlock(url).args(["run", "gc-probe", "--", "sh", "-c", "echo $DLOCK_TOKEN"]));
+            assert_eq!(code(&out), 0, "{out:?}");
+            String::from_utf8_lossy(&out.stdout).trim().parse().expect("a token")
+        };
+        let first = token(&url);
+        std::thread::sleep(Duration::from_millis(400));
+        let out = output(dlock(&url).arg("gc"));
+        assert_eq!(code(&out), 0, "{out:?}");
+        let report = String::from_utf8_lossy(&out.stdout);
+        let removed: u64 = report
+            .lines()
+            .find_map(|line| line.strip_prefix("removed"))
+            .map(|n| n.trim().parse().expect("a count"))
+            .unwrap_or_else(|| panic!("no count in {report}"));
+        assert!(removed >= 1, "the idle name stayed: {report}");
+        assert!(token(&url) > first, "a swept name came back with a lower token");
+    }
+
     /// With no --url and no DLOCK_URL, the command uses a SQLite file in the data directory.
     #[test]
     fn the_default_is_a_sqlite_file_in_the_data_directory() {
