@@ -118,6 +118,9 @@ pub struct RedisBackend {
     local: LocalWaiters,
     /// How long a name's fence counter outlives its last grant, renewal or release, in ms.
     keep_ms: u64,
+    /// Where the locks live, as [`Backend::target`] tells it; `None` for a backend built
+    /// without being told.
+    target: Option<String>,
 }
 
 /// Replica acknowledgement: how many replicas, and the connections of its own that
@@ -164,6 +167,7 @@ impl RedisBackend {
             replica_ack,
             local: LocalWaiters::default(),
             keep_ms: ttl_millis(DEFAULT_KEEP_IDLE),
+            target: None,
         }
     }
 
@@ -172,6 +176,13 @@ impl RedisBackend {
     /// from the server's clock in microseconds.
     pub fn with_keep_idle(mut self, keep: std::time::Duration) -> Self {
         self.keep_ms = ttl_millis(keep).max(1);
+        self
+    }
+
+    /// Names where this backend's locks live (see [`RedisConfig::target`](crate::RedisConfig::target)),
+    /// for [`Backend::target`].
+    pub fn with_target(mut self, target: impl Into<String>) -> Self {
+        self.target = Some(target.into());
         self
     }
 
@@ -446,6 +457,10 @@ impl Backend for RedisBackend {
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
+    }
+
+    fn target(&self) -> String {
+        self.target.clone().unwrap_or_else(|| format!("{}@{:p}", self.name(), self))
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<RedisTicket>) -> Result<Attempt<RedisHold>, LockError> {

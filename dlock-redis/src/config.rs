@@ -338,6 +338,31 @@ impl RedisConfig {
         self.keep_idle
     }
 
+    /// Where the locks live, without credentials: the scheme, the server (the Cluster's
+    /// seed nodes, or the Sentinels and the master's name), the database and the key
+    /// prefix. Clients with the same target share their locks; what
+    /// [`Locker::target`](dlock_core::Locker::target) tells.
+    ///
+    /// ```
+    /// use dlock_redis::{ConnectConfig, RedisConfig};
+    ///
+    /// let config = RedisConfig::from_url("redis://app:s3cret@10.0.0.5:6379/2?prefix=shop")?;
+    /// assert_eq!(config.target(), "redis://10.0.0.5:6379/2 prefix shop");
+    /// let cluster = RedisConfig::from_url("rediss+cluster://b:7001,a:7000")?;
+    /// assert_eq!(cluster.target(), "rediss+cluster://a:7000,b:7001/0 prefix dlock");
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn target(&self) -> String {
+        let tls = if self.access.tls { "s" } else { "" };
+        let (scheme, place) = match &self.topology {
+            Topology::Single(node) => ("", node.to_string()),
+            // Seeds and Sentinels are sets: listed in any order, they are the same place.
+            Topology::Cluster(seeds) => ("+cluster", sorted(seeds)),
+            Topology::Sentinel { sentinels, master } => ("+sentinel", format!("{}/{master}", sorted(sentinels))),
+        };
+        format!("redis{tls}{scheme}://{place}/{} prefix {}", self.access.db, self.prefix())
+    }
+
     /// The deployment.
     pub fn topology(&self) -> &Topology {
         &self.topology
@@ -435,6 +460,13 @@ enum Kind {
 }
 
 pub(crate) use dlock_core::redact;
+
+/// `nodes` as `host:port` in one order, whatever order they were given in.
+pub(crate) fn sorted(nodes: &[Node]) -> String {
+    let mut nodes: Vec<String> = nodes.iter().map(ToString::to_string).collect();
+    nodes.sort();
+    nodes.join(",")
+}
 
 /// Refuses a keep time no server takes: zero, or beyond [`MAX_DURATION`].
 pub(crate) fn check_keep_idle(keep: Duration) -> Result<(), LockError> {

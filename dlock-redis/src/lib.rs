@@ -29,7 +29,8 @@
 //! `wait_replicas` and `wait_timeout` (see below), `keep_idle` (how long a name's fence
 //! counter outlives its last use, default an hour; see below), `tls_ca` (a PEM file of
 //! CAs to trust instead of the system's), `sentinel_username` and `sentinel_password`.
-//! Every option
+//! A client's [`target`](dlock_core::Locker::target) names where its locks live, without
+//! credentials (`redis://10.0.0.5:6379/0 prefix dlock`). Every option
 //! has a builder method on [`RedisConfig`] (the first three through [`ConnectConfig`],
 //! as on every backend's configuration; `tls_ca`, with TLS, the credentials and the
 //! database, through [`AccessConfig`], as on [`RedLockConfig`]). A client keeps one
@@ -291,8 +292,9 @@ pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
         None => None,
     };
     let subscriptions = pubsub::Subscriptions::start(connected.nodes, config.connect_timeout(), config.op_timeout());
-    let backend =
-        RedisBackend::new(connected.commands, layout, subscriptions, replica_ack).with_keep_idle(config.keep_idle());
+    let backend = RedisBackend::new(connected.commands, layout, subscriptions, replica_ack)
+        .with_keep_idle(config.keep_idle())
+        .with_target(config.target());
     Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
 }
 

@@ -165,6 +165,9 @@ async fn url_settings_reach_every_node() {
         hosts.join(",")
     );
     let locker = redlock::connect(RedLockConfig::from_url(&url).unwrap()).await.expect("connect as the ACL user");
+    let mut listed = hosts.clone();
+    listed.sort();
+    assert_eq!(locker.target(), format!("redlock://{}/3 prefix shop", listed.join(",")), "no credentials in it");
     let name = LockName::new("stock/{sku-1}").unwrap();
     let lease = locker.acquire(&name, &LockOptions::new()).await.unwrap();
 

@@ -454,6 +454,10 @@ impl Backend for RedLockBackend {
         REDLOCK_CAPABILITIES
     }
 
+    fn target(&self) -> String {
+        self.config.target()
+    }
+
     async fn attempt(
         &self,
         req: &Request,

@@ -10,7 +10,7 @@ use dlock_core::{
 };
 
 use crate::access::{AccessConfig, ServerAccess};
-use crate::config::{check_keep_idle, Node, RedisConfig, DEFAULT_PORT};
+use crate::config::{check_keep_idle, sorted, Node, RedisConfig, DEFAULT_PORT};
 use crate::keys::KeyLayout;
 
 /// The URL schemes of RedLock: `redlock://` and, with TLS to every node, `redlocks://`.
@@ -277,6 +277,23 @@ impl RedLockConfig {
     /// ```
     pub fn lead(&self) -> Duration {
         self.node_timeout.saturating_mul(3).min(self.keep_idle / 2)
+    }
+
+    /// Where the locks live, without credentials: the scheme, the masters (in one order,
+    /// whatever order they were listed in), the database and the key prefix. Clients
+    /// with the same target share their locks; what
+    /// [`Locker::target`](dlock_core::Locker::target) tells.
+    ///
+    /// ```
+    /// use dlock_redis::redlock::RedLockConfig;
+    ///
+    /// let config = RedLockConfig::from_url("redlock://app:s3cret@10.0.0.2:6379,10.0.0.1:6379,10.0.0.3:6379/1")?;
+    /// assert_eq!(config.target(), "redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/1 prefix dlock");
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn target(&self) -> String {
+        let tls = if self.access.tls { "s" } else { "" };
+        format!("redlock{tls}://{}/{} prefix {}", sorted(&self.nodes), self.access.db, self.prefix())
     }
 
     /// The nodes.
