@@ -48,7 +48,9 @@ pub(crate) enum PlaceMode {
     /// Only behind a queue that exists already: a blocking non-fair acquire, which must
     /// not overtake queued waiters but has no order of its own to keep otherwise. A
     /// writer (an exclusive acquire) that finds readers or permits holding queues too,
-    /// so that readers coming after it wait behind it (writer preference).
+    /// so that readers coming after it wait behind it (writer preference), and so does a
+    /// permit request that is refused, so that later permit requests (for more permits,
+    /// say) do not overtake it.
     BehindQueue,
     /// Always: a blocking fair acquire.
     Always,
