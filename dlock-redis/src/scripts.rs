@@ -142,7 +142,8 @@ end
 /// A permit's number of permits is kept beside it (`permits:<hold id>`): a new permit is
 /// admitted only while every holder, the new one included, would have no more holds
 /// beside it than its own number allows (`HoldKind::joins`), so the smallest number
-/// among the live permits and the request bounds the grant.
+/// among the live permits and the request bounds the grant. The holders' numbers are
+/// read only when the request's own number admits one more (fewer holders than it).
 const LEASES_LIB: &str = r#"
 local function settle(hold, leases)
   local last = redis.call('zrange', leases, -1, -1, 'withscores')
@@ -204,14 +205,18 @@ local function take_back(hold, leases, id, request)
   settle(hold, leases)
   return true
 end
-local function permit_bound(hold, leases, bound)
+local function admits_permit(hold, leases, permits)
+  local held = redis.call('zcard', leases)
+  if held >= permits then
+    return false
+  end
   for _, id in ipairs(redis.call('zrange', leases, 0, -1)) do
-    local permits = tonumber(redis.call('hget', hold, 'permits:' .. id) or '0')
-    if permits > 0 and permits < bound then
-      bound = permits
+    local bound = tonumber(redis.call('hget', hold, 'permits:' .. id) or '0')
+    if bound > 0 and bound <= held then
+      return false
     end
   end
-  return bound
+  return true
 end
 local function hand_on(hold, queue, places, prefix, channel, token, kind)
   if kind == 'permit' or redis.call('exists', hold) == 0 then
@@ -491,8 +496,7 @@ end
 local head, dropped = queue_head(KEYS[4], KEYS[5], now)
 local admitted = not held
 if held == kind then
-  admitted = kind == 'shared'
-    or redis.call('zcard', KEYS[6]) < permit_bound(KEYS[1], KEYS[6], tonumber(ARGV[8]))
+  admitted = kind == 'shared' or admits_permit(KEYS[1], KEYS[6], tonumber(ARGV[8]))
 end
 if admitted and (not head or head == ARGV[4]) then
   if not held then
@@ -1141,7 +1145,8 @@ fn unexpected(script: &str, reply: &str) -> redis::RedisError {
 mod tests {
     use super::*;
     use crate::keys::{
-        COUNT_FIELD_PREFIX, HOLDER_FIELD_PREFIX, KIND_FIELD, OWNER_FIELD_PREFIX, REQUEST_FIELD_PREFIX, TOKEN_FIELD,
+        COUNT_FIELD_PREFIX, HOLDER_FIELD_PREFIX, HOLD_ID_SEPARATOR, KIND_FIELD, OWNER_FIELD_PREFIX,
+        PERMITS_FIELD_PREFIX, REQUEST_FIELD_PREFIX, TOKEN_FIELD,
     };
 
     #[test]
@@ -1163,9 +1168,13 @@ mod tests {
 
     #[test]
     fn lease_scripts_use_the_documented_field_names() {
-        for prefix in [HOLDER_FIELD_PREFIX, COUNT_FIELD_PREFIX, REQUEST_FIELD_PREFIX] {
+        for prefix in [HOLDER_FIELD_PREFIX, COUNT_FIELD_PREFIX, PERMITS_FIELD_PREFIX, REQUEST_FIELD_PREFIX] {
             assert!(LEASES_LIB.contains(&format!("'{prefix}'")), "{prefix}");
         }
+        assert!(ACQUIRE_SHARED.contains(&format!("'{PERMITS_FIELD_PREFIX}'")));
+        // Lua's `\0` is the separator of a permit's hold id, where inspect cuts the owner.
+        assert_eq!(HOLD_ID_SEPARATOR, '\0');
+        assert!(INSPECT_QUEUE.contains(r"string.find(newest, '\0', 1, true)"));
         let request = REQUEST_FIELD_PREFIX.len();
         assert!(LEASES_LIB.contains(&format!("string.sub(fields[i], 1, {request}) == '{REQUEST_FIELD_PREFIX}'")));
         let holder = HOLDER_FIELD_PREFIX.len();
