@@ -585,6 +585,18 @@ mod tests {
     }
 
     #[test]
+    fn keeps_idle_names_for_the_keep_time_asked() {
+        assert_eq!(RedisConfig::single("h", 1).keep_idle(), dlock_core::DEFAULT_KEEP_IDLE);
+        let c = RedisConfig::from_url("redis://h?keep_idle=90s").unwrap();
+        assert_eq!(c.keep_idle(), Duration::from_secs(90));
+        assert_eq!(c, RedisConfig::single("h", DEFAULT_PORT).with_keep_idle(Duration::from_secs(90)));
+        for keep in [Duration::ZERO, Duration::from_micros(999), MAX_DURATION + Duration::from_secs(1)] {
+            let err = RedisConfig::single("h", 1).with_keep_idle(keep).validate();
+            assert!(matches!(err, Err(LockError::InvalidInput(_))), "{keep:?}");
+        }
+    }
+
+    #[test]
     fn builds_with_a_password_alone() {
         let c = RedisConfig::single("h", 1).with_password("s3cret");
         assert_eq!((c.user(), c.password()), (None, Some("s3cret")));

@@ -500,6 +500,16 @@ mod tests {
     }
 
     #[test]
+    fn keeps_idle_names_for_the_keep_time_asked_and_leads_by_at_most_half_of_it() {
+        let c = RedLockConfig::from_url("redlock://a,b,c?keep_idle=90s&node_timeout=100ms").unwrap();
+        assert_eq!(c.keep_idle(), Duration::from_secs(90));
+        assert_eq!(c.lead(), Duration::from_millis(300));
+        assert_eq!(c.clone().with_keep_idle(Duration::from_millis(100)).lead(), Duration::from_millis(50));
+        assert!(matches!(c.with_keep_idle(Duration::ZERO).validate(), Err(LockError::InvalidInput(_))));
+        assert_eq!(RedLockConfig::new([Node::new("a", 1)]).keep_idle(), DEFAULT_KEEP_IDLE);
+    }
+
+    #[test]
     fn builds_with_a_password_alone() {
         let c = RedLockConfig::new([Node::new("a", 1)]).with_credentials("app", "other").with_password("s3cret");
         assert_eq!((c.user(), c.password()), (None, Some("s3cret")));
