@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
-use dlock_core::{Capabilities, FencingToken, HoldKind, LockError, LockInfo, LockName, StoredResult};
+use dlock_core::{
+    Capabilities, FencingToken, HoldKind, LockError, LockInfo, LockName, StoredResult, DEFAULT_KEEP_IDLE,
+};
 use redis::Value;
 
 use crate::config::ReplicaAck;
@@ -14,7 +16,7 @@ use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
 use crate::handoff::{Entry, LocalWaiters};
 use crate::hold::{holder, RedisHold};
-use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
+use crate::keys::{grant_field, hold_id, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::{Registration, Subscriptions};
 use crate::results;
 use crate::scripts::{
@@ -46,7 +48,9 @@ pub(crate) enum PlaceMode {
     /// Only behind a queue that exists already: a blocking non-fair acquire, which must
     /// not overtake queued waiters but has no order of its own to keep otherwise. A
     /// writer (an exclusive acquire) that finds readers or permits holding queues too,
-    /// so that readers coming after it wait behind it (writer preference).
+    /// so that readers coming after it wait behind it (writer preference), and so does a
+    /// permit request that is refused, so that later permit requests (for more permits,
+    /// say) do not overtake it.
     BehindQueue,
     /// Always: a blocking fair acquire.
     Always,
@@ -101,9 +105,10 @@ impl RedisTicket {
     }
 }
 
-/// How often a queued waiter comes back at the latest, as a fraction of its ttl: its
-/// place lapses a ttl after its last attempt, so it refreshes the place well before.
-const PLACE_REFRESHES_PER_TTL: u32 = 3;
+/// How often a queued waiter comes back at the latest, as a fraction of its place lapse:
+/// its place lapses that long after its last attempt, so it refreshes the place at least
+/// three times within it, with a quarter to spare for the round trips.
+const PLACE_REFRESHES_PER_LAPSE: u32 = 4;
 
 /// The Redis backend of one client: a command connection, the key layout, and the
 /// shared pub/sub connection of its waiters.
@@ -113,6 +118,11 @@ pub struct RedisBackend {
     subscriptions: Subscriptions,
     replica_ack: Option<Acked>,
     local: LocalWaiters,
+    /// How long a name's fence counter outlives its last grant, renewal or release, in ms.
+    keep_ms: u64,
+    /// Where the locks live, as [`Backend::target`] tells it; `None` for a backend built
+    /// without being told.
+    target: Option<String>,
 }
 
 /// Replica acknowledgement: how many replicas, and the connections of its own that
@@ -152,7 +162,35 @@ impl RedisBackend {
             }
             Acked { ack, conns, next: AtomicUsize::new(0) }
         });
-        RedisBackend { conn, layout, subscriptions, replica_ack, local: LocalWaiters::default() }
+        RedisBackend {
+            conn,
+            layout,
+            subscriptions,
+            replica_ack,
+            local: LocalWaiters::default(),
+            keep_ms: ttl_millis(DEFAULT_KEEP_IDLE),
+            target: None,
+        }
+    }
+
+    /// Keeps a name's fence counter for `keep` after its last grant, renewal or release
+    /// (the default is [`DEFAULT_KEEP_IDLE`]); a grant that finds it gone starts it again
+    /// from the server's clock in microseconds.
+    pub fn with_keep_idle(mut self, keep: std::time::Duration) -> Self {
+        self.keep_ms = ttl_millis(keep).max(1);
+        self
+    }
+
+    /// Names where this backend's locks live (see [`RedisConfig::target`](crate::RedisConfig::target)),
+    /// for [`Backend::target`].
+    pub fn with_target(mut self, target: impl Into<String>) -> Self {
+        self.target = Some(target.into());
+        self
+    }
+
+    /// How long a name's fence counter outlives its last use.
+    pub fn keep_idle(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.keep_ms)
     }
 
     /// The key layout.
@@ -178,16 +216,20 @@ impl RedisBackend {
     /// One acquire script call, with the replica acknowledgement if configured: a grant
     /// too few replicas acknowledged is given back and fails.
     async fn acquire_once(&self, req: &Request, keys: &LockKeys, ttl_ms: u64) -> Result<AcquireReply, LockError> {
-        let place = (req.id.as_str(), PlaceMode::of(req));
+        let place = Place { id: req.id.as_str(), mode: PlaceMode::of(req), lapse_ms: ttl_millis(req.place_lapse()) };
         let call = match req.kind {
-            HoldKind::Exclusive => {
-                acquire_call(keys, &owner_field(&req.owner), &grant_field(&req.id), &keys.void(&req.id), ttl_ms, place)
-            }
+            HoldKind::Exclusive => acquire_call(
+                keys,
+                (&owner_field(&req.owner), &grant_field(&req.id)),
+                &keys.void(&req.id),
+                (ttl_ms, self.keep_ms),
+                place,
+            ),
             kind => acquire_shared_call(
                 keys,
-                (req.owner.as_str(), req.id.as_str()),
+                (&hold_id(&req.owner, kind), req.id.as_str()),
                 &keys.void(&req.id),
-                ttl_ms,
+                (ttl_ms, self.keep_ms),
                 place,
                 kind,
             ),
@@ -234,33 +276,43 @@ fn not_acknowledged(acked: u32, ack: ReplicaAck) -> LockError {
     LockError::QuorumNotReached { got: acked as usize, needed: ack.replicas as usize }
 }
 
-/// The acquire script call of one request: its owner, its grant field, its marker key,
-/// its place id in the queue (the request id) and when it takes that place.
+/// A request's place in the queue: its id (the request id), when it takes one, and how
+/// long it lasts after the request's last look, in ms.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) mode: PlaceMode,
+    pub(crate) lapse_ms: u64,
+}
+
+/// The acquire script call of one request: its owner and grant fields, its marker key,
+/// its ttl and the name's keep time (both in ms), and its place in the queue.
 pub(crate) fn acquire_call(
     keys: &LockKeys,
-    owner_field: &str,
-    grant_field: &str,
+    (owner_field, grant_field): (&str, &str),
     void: &str,
-    ttl_ms: u64,
-    (place, mode): (&str, PlaceMode),
+    (ttl_ms, keep_ms): (u64, u64),
+    place: Place<'_>,
 ) -> Invocation {
     Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, void, &keys.queue, &keys.places])
         .arg(owner_field)
         .arg(ttl_ms)
         .arg(grant_field)
-        .arg(place)
-        .arg(mode.arg())
+        .arg(place.id)
+        .arg(place.mode.arg())
         .arg(&keys.wake_prefix)
+        .arg(place.lapse_ms)
+        .arg(keep_ms)
 }
 
 /// The acquire script call of a reader's share or a permit (`kind`) for one request: its
-/// owner and request ids, its marker key, its place id and when it takes that place.
+/// hold and request ids, its marker key, its ttl and the name's keep time, and its place.
 pub(crate) fn acquire_shared_call(
     keys: &LockKeys,
-    (owner, request): (&str, &str),
+    (hold, request): (&str, &str),
     void: &str,
-    ttl_ms: u64,
-    (place, mode): (&str, PlaceMode),
+    (ttl_ms, keep_ms): (u64, u64),
+    place: Place<'_>,
     kind: HoldKind,
 ) -> Invocation {
     let permits = match kind {
@@ -271,56 +323,76 @@ pub(crate) fn acquire_shared_call(
         &scripts().acquire_shared,
         &[&keys.hold, &keys.fence, void, &keys.queue, &keys.places, &keys.leases],
     )
-    .arg(owner)
+    .arg(hold)
     .arg(ttl_ms)
     .arg(request)
-    .arg(place)
-    .arg(mode.arg())
+    .arg(place.id)
+    .arg(place.mode.arg())
     .arg(&keys.wake_prefix)
     .arg(kind.as_str())
     .arg(permits)
+    .arg(place.lapse_ms)
+    .arg(keep_ms)
 }
 
-/// The renew script call of `hold`, whatever its kind.
-fn renew_hold_call(hold: &RedisHold, ttl_ms: u64) -> Invocation {
+/// The renew script call of `hold`, whatever its kind, keeping the name's fence counter
+/// for `keep_ms`.
+fn renew_hold_call(hold: &RedisHold, ttl_ms: u64, keep_ms: u64) -> Invocation {
     match hold.kind {
-        HoldKind::Exclusive => renew_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token, ttl_ms),
-        kind => Invocation::new(&scripts().renew_shared, &[&hold.keys.hold, &hold.keys.leases])
-            .arg(hold.owner_id())
+        HoldKind::Exclusive => {
+            renew_call(&hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, (ttl_ms, keep_ms))
+        }
+        kind => Invocation::new(&scripts().renew_shared, &[&hold.keys.hold, &hold.keys.leases, &hold.keys.fence])
+            .arg(hold.hold_id())
             .arg(hold.token.to_string())
             .arg(ttl_ms)
             .arg(hold.request_id())
-            .arg(kind.as_str()),
+            .arg(kind.as_str())
+            .arg(keep_ms),
     }
 }
 
 /// The release script call of `hold`, whatever its kind.
-fn release_hold_call(hold: &RedisHold) -> Invocation {
+fn release_hold_call(hold: &RedisHold, keep_ms: u64) -> Invocation {
     match hold.kind {
-        HoldKind::Exclusive => release_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token),
+        HoldKind::Exclusive => release_call(&hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, keep_ms),
         HoldKind::Shared | HoldKind::Permit { .. } => {
-            release_shared_call(&hold.keys, hold.owner_id(), hold.request_id(), hold.token)
+            release_shared_call(&hold.keys, (&hold.hold_id(), hold.request_id()), hold.token, keep_ms)
         }
     }
 }
 
-/// The release script call for one grant of a reader's share or a permit.
-pub(crate) fn release_shared_call(keys: &LockKeys, owner: &str, request: &str, token: u64) -> Invocation {
-    Invocation::new(&scripts().release_shared, &[&keys.hold, &keys.queue, &keys.places, &keys.leases])
-        .arg(owner)
+/// The release script call for one grant (by hold id and request id) of a reader's share
+/// or a permit.
+pub(crate) fn release_shared_call(
+    keys: &LockKeys,
+    (hold, request): (&str, &str),
+    token: u64,
+    keep_ms: u64,
+) -> Invocation {
+    Invocation::new(&scripts().release_shared, &[&keys.hold, &keys.queue, &keys.places, &keys.leases, &keys.fence])
+        .arg(hold)
         .arg(token.to_string())
         .arg(&keys.channel)
         .arg(request)
         .arg(&keys.wake_prefix)
+        .arg(keep_ms)
 }
 
-/// The renew script call for one grant.
-pub(crate) fn renew_call(keys: &LockKeys, owner_field: &str, grant_field: &str, token: u64, ttl_ms: u64) -> Invocation {
-    Invocation::new(&scripts().renew, &[&keys.hold])
+/// The renew script call for one grant (by owner and grant field) of the lock alone,
+/// keeping the name's fence counter for `keep_ms`.
+pub(crate) fn renew_call(
+    keys: &LockKeys,
+    (owner_field, grant_field): (&str, &str),
+    token: u64,
+    (ttl_ms, keep_ms): (u64, u64),
+) -> Invocation {
+    Invocation::new(&scripts().renew, &[&keys.hold, &keys.fence])
         .arg(owner_field)
         .arg(token.to_string())
         .arg(ttl_ms)
         .arg(grant_field)
+        .arg(keep_ms)
 }
 
 /// The attempt granting `req` the hold of `keys` with `token`; `handed_at` is when the
@@ -337,14 +409,22 @@ fn granted(req: &Request, keys: LockKeys, token: u64, handed_at: Option<tokio::t
     Attempt::Granted { hold, token: FencingToken::new(token) }
 }
 
-/// The release script call for one grant.
-pub(crate) fn release_call(keys: &LockKeys, owner_field: &str, grant_field: &str, token: u64) -> Invocation {
+/// The release script call for one grant (by owner and grant field) of the lock alone,
+/// keeping the name's fence counter for `keep_ms`. The waiters it may hand the lock to
+/// follow as further arguments (see the `handoff` module).
+pub(crate) fn release_call(
+    keys: &LockKeys,
+    (owner_field, grant_field): (&str, &str),
+    token: u64,
+    keep_ms: u64,
+) -> Invocation {
     Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places, &keys.fence])
         .arg(owner_field)
         .arg(token.to_string())
         .arg(&keys.channel)
         .arg(grant_field)
         .arg(&keys.wake_prefix)
+        .arg(keep_ms)
 }
 
 /// The give-back script call for whatever grant request `req` may have made on `keys`.
@@ -354,9 +434,9 @@ pub(crate) fn give_back_call(keys: &LockKeys, req: &Request) -> Invocation {
         HoldKind::Exclusive => Invocation::new(&scripts().give_back, &[&keys.hold, &void, &keys.queue, &keys.places])
             .arg(owner_field(&req.owner))
             .arg(grant_field(&req.id)),
-        HoldKind::Shared | HoldKind::Permit { .. } => {
+        kind @ (HoldKind::Shared | HoldKind::Permit { .. }) => {
             Invocation::new(&scripts().give_back_shared, &[&keys.hold, &void, &keys.queue, &keys.places, &keys.leases])
-                .arg(req.owner.as_str())
+                .arg(hold_id(&req.owner, kind))
                 .arg(req.id.as_str())
         }
     };
@@ -379,6 +459,10 @@ impl Backend for RedisBackend {
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
+    }
+
+    fn target(&self) -> String {
+        self.target.clone().unwrap_or_else(|| format!("{}@{:p}", self.name(), self))
     }
 
     async fn attempt(&self, req: &Request, ticket: &mut Option<RedisTicket>) -> Result<Attempt<RedisHold>, LockError> {
@@ -440,7 +524,7 @@ impl Backend for RedisBackend {
                             ticket.local = Some(self.local.enter(&keys, req, ttl_ms));
                         }
                     }
-                    let refresh = req.ttl() / PLACE_REFRESHES_PER_TTL;
+                    let refresh = req.place_lapse() / PLACE_REFRESHES_PER_LAPSE;
                     Some(left.map_or(refresh, |left| left.min(refresh)))
                 } else {
                     left
@@ -483,12 +567,12 @@ impl Backend for RedisBackend {
         let Some(place) = ticket.place.as_deref() else { return };
         let keys = self.layout.lock(&req.name);
         if let Err(err) = abandon_call(&keys, place).run(&mut self.conn.clone()).await {
-            tracing::debug!(%err, lock = %keys.hold, "giving up a place in the queue failed; it lapses after the waiter's ttl");
+            tracing::debug!(%err, lock = %keys.hold, "giving up a place in the queue failed; it lapses on its own soon");
         }
     }
 
     async fn renew(&self, hold: &RedisHold, ttl: Duration) -> Result<Renewal, LockError> {
-        let call = renew_hold_call(hold, ttl_millis(ttl));
+        let call = renew_hold_call(hold, ttl_millis(ttl), self.keep_ms);
         let mut conn = match &self.replica_ack {
             None => self.conn.clone(),
             Some(acked) => acked.conn(),
@@ -515,7 +599,7 @@ impl Backend for RedisBackend {
     /// Names this client's waiters of the lock, so that the release can hand it to the
     /// head of the queue if that is one of them (see the `handoff` module).
     async fn release(&self, hold: &RedisHold) -> Result<Release, LockError> {
-        let mut call = release_hold_call(hold);
+        let mut call = release_hold_call(hold, self.keep_ms);
         let mut unsettled = None;
         if hold.kind == HoldKind::Exclusive && self.replica_ack.is_none() {
             call = self.local.name_waiters(&hold.keys.hold, call);

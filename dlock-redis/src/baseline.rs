@@ -3,13 +3,17 @@
 //! same kind of connection, without a client, leases, renewal scheduling or pub/sub.
 
 use async_trait::async_trait;
-use dlock_core::{HoldKind, LockError, LockName, RawBaseline, DEFAULT_TTL, MAX_DURATION};
+use dlock_core::{
+    place_lapse, HoldKind, LockError, LockName, RawBaseline, DEFAULT_KEEP_IDLE, DEFAULT_TTL, MAX_DURATION,
+};
 
-use crate::backend::{acquire_call, acquire_shared_call, release_call, release_shared_call, renew_call, PlaceMode};
+use crate::backend::{
+    acquire_call, acquire_shared_call, release_call, release_shared_call, renew_call, Place, PlaceMode,
+};
 use crate::config::ReplicaAck;
 use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
-use crate::keys::{KeyLayout, LockKeys};
+use crate::keys::{hold_id_of, KeyLayout, LockKeys};
 use crate::results::{self, StoreReply};
 use crate::scripts::{ttl_millis, wait_replicas, AcquireReply, Invocation};
 
@@ -22,6 +26,16 @@ const GRANT_FIELD: &str = "grant:raw-baseline";
 /// The owner and request id every baseline call of a reader's share or a permit uses (as
 /// the grant field above names the request).
 const ID: &str = "raw-baseline";
+
+/// The ttl and the keep time of every baseline call, in ms: a client's defaults.
+fn times() -> (u64, u64) {
+    (ttl_millis(DEFAULT_TTL), ttl_millis(DEFAULT_KEEP_IDLE))
+}
+
+/// The place every baseline call has: none (an uncontended call never waits).
+fn no_place() -> Place<'static> {
+    Place { id: ID, mode: PlaceMode::Never, lapse_ms: ttl_millis(place_lapse(DEFAULT_TTL)) }
+}
 
 /// The Redis raw baseline (see [`raw_baseline`](crate::raw_baseline)).
 pub struct RedisBaseline {
@@ -44,14 +58,7 @@ impl RedisBaseline {
     /// The acquire script call of an uncontended lock: its token.
     async fn acquire(&self, keys: &LockKeys) -> Result<u64, LockError> {
         let void = format!("{}:void:raw-baseline", keys.hold);
-        let acquire = acquire_call(
-            keys,
-            OWNER_FIELD,
-            GRANT_FIELD,
-            &void,
-            ttl_millis(DEFAULT_TTL),
-            ("raw-baseline", PlaceMode::Never),
-        );
+        let acquire = acquire_call(keys, (OWNER_FIELD, GRANT_FIELD), &void, times(), no_place());
         match AcquireReply::parse(self.send(&acquire, &keys.hold).await?).map_err(to_lock_error)? {
             AcquireReply::Granted(token) => Ok(token),
             AcquireReply::Busy { .. } => Err(LockError::Timeout),
@@ -75,7 +82,7 @@ impl RawBaseline for RedisBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
         let token = self.acquire(&keys).await?;
-        self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token), &keys.hold).await.map(drop)
+        self.send(&release_call(&keys, (OWNER_FIELD, GRANT_FIELD), token, times().1), &keys.hold).await.map(drop)
     }
 
     /// The acquire, the store script call a campaign makes, and the release.
@@ -93,7 +100,7 @@ impl RawBaseline for RedisBaseline {
         if !stored.stored() {
             return Err(LockError::NotHeld);
         }
-        self.send(&release_call(&keys, OWNER_FIELD, GRANT_FIELD, token), &keys.hold).await.map(drop)
+        self.send(&release_call(&keys, (OWNER_FIELD, GRANT_FIELD), token, times().1), &keys.hold).await.map(drop)
     }
 
     async fn acquire_release_kind(&self, name: &LockName, kind: HoldKind) -> Result<(), LockError> {
@@ -102,11 +109,11 @@ impl RawBaseline for RedisBaseline {
         }
         let keys = self.layout.lock(name);
         let void = format!("{}:void:{ID}", keys.hold);
-        let acquire =
-            acquire_shared_call(&keys, (ID, ID), &void, ttl_millis(DEFAULT_TTL), (ID, PlaceMode::Never), kind);
+        let hold = hold_id_of(ID, kind);
+        let acquire = acquire_shared_call(&keys, (&hold, ID), &void, times(), no_place(), kind);
         match AcquireReply::parse(self.send(&acquire, &keys.hold).await?).map_err(to_lock_error)? {
             AcquireReply::Granted(token) => {
-                self.send(&release_shared_call(&keys, ID, ID, token), &keys.hold).await.map(drop)
+                self.send(&release_shared_call(&keys, (&hold, ID), token, times().1), &keys.hold).await.map(drop)
             }
             AcquireReply::Busy { .. } => Err(LockError::Timeout),
         }
@@ -114,6 +121,6 @@ impl RawBaseline for RedisBaseline {
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        self.send(&renew_call(&keys, OWNER_FIELD, GRANT_FIELD, 0, ttl_millis(DEFAULT_TTL)), &keys.hold).await.map(drop)
+        self.send(&renew_call(&keys, (OWNER_FIELD, GRANT_FIELD), 0, times()), &keys.hold).await.map(drop)
     }
 }

@@ -61,16 +61,24 @@ impl LocalWaiters {
     /// Registers `req`, which has a place in the queue of `keys`' lock, as a waiter a
     /// release by this client may hand the lock to.
     pub(crate) fn enter(&self, keys: &LockKeys, req: &Request, ttl_ms: u64) -> Entry {
+        let fields = (owner_field(&req.owner), grant_field(&req.id));
+        self.enter_place(&keys.hold, req.id.as_str(), fields, ttl_ms)
+    }
+
+    /// Registers the waiter of `place` (with its owner and grant fields and its ttl) on the
+    /// lock whose hold key is `hold_key`.
+    fn enter_place(&self, hold_key: &str, place: &str, fields: (String, String), ttl_ms: u64) -> Entry {
+        let (owner_field, grant_field) = fields;
         let waiter = Arc::new(Waiter {
-            place: req.id.as_str().to_string(),
-            owner_field: owner_field(&req.owner),
-            grant_field: grant_field(&req.id),
+            place: place.to_string(),
+            owner_field,
+            grant_field,
             ttl_ms,
             handed: Mutex::new(None),
             notify: Notify::new(),
         });
-        lock_unpoisoned(&self.by_lock).entry(keys.hold.clone()).or_default().push(waiter.clone());
-        Entry { by_lock: self.by_lock.clone(), hold_key: keys.hold.clone(), waiter }
+        lock_unpoisoned(&self.by_lock).entry(hold_key.to_string()).or_default().push(waiter.clone());
+        Entry { by_lock: self.by_lock.clone(), hold_key: hold_key.to_string(), waiter }
     }
 
     /// `call` (a release of the lock whose hold key is `hold_key`) naming this client's
@@ -150,5 +158,45 @@ impl Drop for Entry {
                 by_lock.remove(&self.hold_key);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn fields(place: &str) -> (String, String) {
+        (format!("owner:{place}"), format!("grant:{place}"))
+    }
+
+    /// A release whose reply was lost wakes the waiters it named at once, rather than
+    /// leaving them to their next place refresh; one whose reply told where the lock went
+    /// wakes nobody but the waiter handed it.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_whose_reply_was_lost_wakes_its_waiters_at_once() {
+        let local = LocalWaiters::default();
+        let (first, second) = (
+            local.enter_place("h", "c:1", fields("c:1"), 30_000),
+            local.enter_place("h", "c:2", fields("c:2"), 30_000),
+        );
+        let other = local.enter_place("other", "c:3", fields("c:3"), 30_000);
+        let soon = Duration::from_millis(1);
+
+        local.unsettled("h").settle();
+        assert!(tokio::time::timeout(soon, first.handed()).await.is_err(), "a settled release woke a waiter");
+
+        drop(local.unsettled("h"));
+        for entry in [&first, &second] {
+            tokio::time::timeout(soon, entry.handed()).await.expect("the lost reply wakes every waiter it named");
+            assert_eq!(entry.take_handed(), None, "woken to look again, not handed anything");
+        }
+        assert!(tokio::time::timeout(soon, other.handed()).await.is_err(), "a waiter of another lock was woken");
+
+        let sent = Instant::now();
+        local.hand("h", "c:2", 7, sent);
+        tokio::time::timeout(soon, second.handed()).await.expect("the waiter handed the lock is woken");
+        assert_eq!(second.take_handed(), Some((7, sent)));
     }
 }

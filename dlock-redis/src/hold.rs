@@ -3,7 +3,7 @@
 
 use dlock_core::{FencingToken, HoldKind, Holder, LockError, OwnerId};
 
-use crate::keys::{LockKeys, GRANT_FIELD_PREFIX, OWNER_FIELD_PREFIX};
+use crate::keys::{hold_id_of, LockKeys, GRANT_FIELD_PREFIX, OWNER_FIELD_PREFIX};
 use crate::scripts::HoldView;
 
 /// A granted hold: the lock's keys, the owner, the grant (named after the request that
@@ -38,10 +38,12 @@ impl RedisHold {
         self.kind
     }
 
-    /// The owner id, as the scripts of shared holds and permits name it: the owner field
-    /// without its prefix (every owner field is built with it).
-    pub(crate) fn owner_id(&self) -> &str {
-        self.owner_field.strip_prefix(OWNER_FIELD_PREFIX).unwrap_or(&self.owner_field)
+    /// The hold id, as the scripts of shared holds and permits name the hold: built from
+    /// the owner field without its prefix (every owner field is built with it) and the
+    /// kind (see [`hold_id`](crate::keys::hold_id)).
+    pub(crate) fn hold_id(&self) -> String {
+        let owner = self.owner_field.strip_prefix(OWNER_FIELD_PREFIX).unwrap_or(&self.owner_field);
+        hold_id_of(owner, self.kind)
     }
 
     /// The id of the request that made the grant, likewise.

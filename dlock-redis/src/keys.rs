@@ -2,17 +2,25 @@
 //!
 //! For the lock `orders/42` under the default prefix `dlock`:
 //!
-//! | what | name | type |
-//! |---|---|---|
-//! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token, `grant:<request id>` → 1 per grant; with a ttl (PEXPIRE). Held by readers or permits instead: `kind` → `shared` or `permit`, `token` → the newest grant's token, and per hold `holder:<owner id>` → its token, `count:<owner id>` → its grants, per grant `request:<request id>` → its owner id |
-//! | the fence counter | `dlock:{orders%2F42}:fence` | string counter (INCR), no ttl |
-//! | the leases of shared holds and permits | `dlock:{orders%2F42}:leases` | sorted set: owner id → when its hold lapses (ms since the epoch, server clock); exists only beside a hold hash of shared holds or permits, which then lapses with the last lease (PEXPIREAT) |
-//! | a given-back request | `dlock:{orders%2F42}:void:<request id>` | string, with the request's ttl: refuses a late delivery of an acquire whose grant was given back |
-//! | the release channel | `dlock:{orders%2F42}:released` | pub/sub channel; the message is the released token. Used while no waiter queues |
-//! | the queue | `dlock:{orders%2F42}:queue` | list of place ids (each the request id of a waiting acquire call), first come first; with a ttl of the longest place |
-//! | the places | `dlock:{orders%2F42}:places` | hash: place id → when the place lapses (ms since the epoch, server clock); a place is in the list exactly when it is here; with the same ttl as the queue |
-//! | a client's wake-up channel | `dlock:{orders%2F42}:wake:<client id>` | pub/sub channel; the message is a place id, whose waiter is now first in the queue of a free lock. The client id is the place id up to its last `:` |
-//! | the stored result | `dlock:{orders%2F42}:result` | hash: `token` → the storing hold's token, `value` → the result, `call` → the id of the store call; with the retention as ttl (PEXPIRE). Apart from the hold, so that a release or an eviction leaves it (see [`results`](crate::results)) |
+//! | what | name | type | lasts |
+//! |---|---|---|---|
+//! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token, `grant:<request id>` → 1 per grant. Held by readers or permits instead: `kind` → `shared` or `permit`, `token` → the newest grant's token, and per hold (its [hold id](hold_id)) `holder:<hold id>` → its token, `count:<hold id>` → its grants, `permits:<hold id>` → the number of permits it asked for (permits only), per grant `request:<request id>` → its hold id | the hold's ttl (PEXPIRE); held by readers or permits, the last lease (PEXPIREAT) |
+//! | the fence counter | `dlock:{orders%2F42}:fence` | string counter: the last token given | the keep time (`keep_idle`, an hour by default) from the name's last grant, renewal or release; a grant that finds it missing starts it from the server's clock in µs |
+//! | the leases of shared holds and permits | `dlock:{orders%2F42}:leases` | sorted set: hold id → when its hold lapses (ms since the epoch, server clock); exists only beside a hold hash of shared holds or permits | the last lease (PEXPIREAT) |
+//! | a given-back request | `dlock:{orders%2F42}:void:<request id>` | string: refuses a late delivery of an acquire whose grant was given back | the request's ttl |
+//! | the release channel | `dlock:{orders%2F42}:released` | pub/sub channel; the message is the released token. Used while no waiter queues | — |
+//! | the queue | `dlock:{orders%2F42}:queue` | list of place ids (each the request id of a waiting acquire call), first come first | its longest place |
+//! | the places | `dlock:{orders%2F42}:places` | hash: place id → when the place lapses (ms since the epoch, server clock); a place is in the list exactly when it is here | its longest place: a place lapses [`place_lapse`](dlock_core::place_lapse) (at most 5 s) after its waiter's last look |
+//! | a client's wake-up channel | `dlock:{orders%2F42}:wake:<client id>` | pub/sub channel; the message is a place id, whose waiter is now first in the queue of a free lock. The client id is the place id up to its last `:` | — |
+//! | the stored result | `dlock:{orders%2F42}:result` | hash: `token` → the storing hold's token, `value` → the result, `call` → the id of the store call. Apart from the hold, so that a release or an eviction leaves it (see [`results`](crate::results)) | the retention (PEXPIRE) |
+//!
+//! So every key of a name expires by itself: once a name is idle (no hold, no waiter),
+//! its result goes after its retention and its fence counter after the keep time, and
+//! nothing of it is left. The server needs no sweep. A counter that went is started again
+//! from the server's clock in microseconds, which is above every token the name had as
+//! long as the server's clock never steps back by the keep time (and, on RedLock, no
+//! client's or master's clock runs ahead of a master's by half of it): tokens never go
+//! back.
 //!
 //! The part in braces is the Cluster hash tag, so the hold, the counter, the leases and
 //! the result share one slot (a script may touch several). It is the name's
@@ -25,7 +33,7 @@
 //! an exclusive script never mistakes a reader for its own owner or grant.
 
 use dlock_core::backend::RequestId;
-use dlock_core::{LockError, LockName, OwnerId};
+use dlock_core::{HoldKind, LockError, LockName, OwnerId};
 
 /// The field of the hold hash that holds the fencing token.
 pub const TOKEN_FIELD: &str = "token";
@@ -43,16 +51,53 @@ pub const GRANT_FIELD_PREFIX: &str = "grant:";
 /// or `permit`); an exclusive hold has none.
 pub const KIND_FIELD: &str = "kind";
 
-/// The prefix of a shared hold's or permit's field in the hold hash (`holder:<owner id>`
+/// The prefix of a shared hold's or permit's field in the hold hash (`holder:<hold id>`
 /// → the hold's token).
 pub const HOLDER_FIELD_PREFIX: &str = "holder:";
 
-/// The prefix of a shared hold's or permit's grant count (`count:<owner id>` → grants).
+/// The prefix of a shared hold's or permit's grant count (`count:<hold id>` → grants).
 pub const COUNT_FIELD_PREFIX: &str = "count:";
 
+/// The prefix of a permit's number of permits (`permits:<hold id>` → the number its
+/// request carried), which bounds how many holds may be beside it. A permit hold without
+/// it (written by an older client) bounds nobody.
+pub const PERMITS_FIELD_PREFIX: &str = "permits:";
+
 /// The prefix of a shared hold's or permit's grant fields (`request:<request id>` → the
-/// owner id), so that each grant is released or given back once, and only it.
+/// hold id), so that each grant is released or given back once, and only it.
 pub const REQUEST_FIELD_PREFIX: &str = "request:";
+
+/// What separates the owner id from the number of permits in a permit's hold id: NUL,
+/// which no owner id contains, so that no two (owner, permits) pairs, and no owner id
+/// alone, share a hold id.
+pub const HOLD_ID_SEPARATOR: char = '\0';
+
+/// The id under which a reader's share or a permit of `owner` is kept (see the
+/// [module docs](self)): a reader's is the owner id, a permit's the owner id and the
+/// number of permits, so that an owner re-enters a permit only with the same number and
+/// takes another permit with another number.
+///
+/// ```
+/// use dlock_core::{HoldKind, OwnerId};
+/// use dlock_redis::keys::hold_id;
+///
+/// let owner = OwnerId::new("worker-1")?;
+/// assert_eq!(hold_id(&owner, HoldKind::Shared), "worker-1");
+/// assert_eq!(hold_id(&owner, HoldKind::Permit { permits: 3 }), "worker-1\u{0}3");
+/// assert_ne!(hold_id(&owner, HoldKind::Permit { permits: 3 }), hold_id(&owner, HoldKind::Permit { permits: 4 }));
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+pub fn hold_id(owner: &OwnerId, kind: HoldKind) -> String {
+    hold_id_of(owner.as_str(), kind)
+}
+
+/// [`hold_id`] of an owner id already checked.
+pub(crate) fn hold_id_of(owner: &str, kind: HoldKind) -> String {
+    match kind {
+        HoldKind::Permit { permits } => format!("{owner}{HOLD_ID_SEPARATOR}{permits}"),
+        HoldKind::Exclusive | HoldKind::Shared => owner.to_string(),
+    }
+}
 
 /// The key prefix of a client, validated.
 ///

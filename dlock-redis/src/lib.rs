@@ -26,8 +26,11 @@
 //! | `redlock://[user[:password]@]host:port,host:port,...[/db]` | RedLock over N independent masters (see [`redlock`]) |
 //!
 //! Query options: `connect_timeout`, `op_timeout`, `prefix` (default `dlock`; no braces),
-//! `wait_replicas` and `wait_timeout` (see below), `tls_ca` (a PEM file of CAs to trust
-//! instead of the system's), `sentinel_username` and `sentinel_password`. Every option
+//! `wait_replicas` and `wait_timeout` (see below), `keep_idle` (how long a name's fence
+//! counter outlives its last use, default an hour; see below), `tls_ca` (a PEM file of
+//! CAs to trust instead of the system's), `sentinel_username` and `sentinel_password`.
+//! A client's [`target`](dlock_core::Locker::target) names where its locks live, without
+//! credentials (`redis://10.0.0.5:6379/0 prefix dlock`). Every option
 //! has a builder method on [`RedisConfig`] (the first three through [`ConnectConfig`],
 //! as on every backend's configuration; `tls_ca`, with TLS, the credentials and the
 //! database, through [`AccessConfig`], as on [`RedLockConfig`]). A client keeps one
@@ -44,12 +47,12 @@
 //! ```text
 //! dlock:{orders%2F42}           hash  owner:<owner id> -> hold count, token -> 17,
 //!                                     grant:<request id> -> 1 per grant           (PEXPIRE ttl)
-//! dlock:{orders%2F42}:fence     string 17                                          (no ttl)
-//! dlock:{orders%2F42}:leases    zset  owner id -> when its reader's share or permit lapses
+//! dlock:{orders%2F42}:fence     string 17                            (PEXPIRE keep_idle, from each use)
+//! dlock:{orders%2F42}:leases    zset  hold id -> when its reader's share or permit lapses
 //! dlock:{orders%2F42}:void:<request id>  a request given back                     (PEXPIRE ttl)
 //! dlock:{orders%2F42}:released  channel; a release publishes the released token
-//! dlock:{orders%2F42}:queue     list  place ids of queued waiters, first come first
-//! dlock:{orders%2F42}:places    hash  place id -> when the place lapses (ms, server clock)
+//! dlock:{orders%2F42}:queue     list  place ids of queued waiters, first come first (PEXPIRE)
+//! dlock:{orders%2F42}:places    hash  place id -> when the place lapses (ms, server clock)  (PEXPIRE)
 //! dlock:{orders%2F42}:wake:<client id>  channel; the message names the waiter now first
 //! dlock:{orders%2F42}:result    hash  token -> 17, value -> <bytes>, call -> <store call id>
 //!                                     (PEXPIRE retention; see below)
@@ -81,10 +84,12 @@
 //!
 //! With [`LockOptions::fair`](dlock_core::LockOptions::fair) a waiter takes a place in
 //! the lock's queue (its place id is its request id) and is granted only when the lock
-//! is free and its place is first. Each look refreshes the place to lapse one ttl later,
-//! and a queued waiter looks again at least every third of its ttl, so a waiter whose
-//! process died is skipped within its own ttl: lapsed places are dropped as they reach
-//! the head, and waiters behind a head wake when its place would lapse. Giving up
+//! is free and its place is first. Each look refreshes the place to lapse one place lapse
+//! later ([`place_lapse`](dlock_core::place_lapse): the ttl, at most five seconds, whatever
+//! lease the waiter asks for), and a queued waiter looks again at least every quarter of
+//! it, so a waiter whose process died is skipped within seconds, even one that asked for
+//! a fixed lease of a year: lapsed places are dropped as they reach the head, and waiters
+//! behind a head wake when its place would lapse. Giving up
 //! (a timeout, a cancellation, a give-back) removes the place at once.
 //!
 //! Wake-ups go to the head alone: the release that frees the lock publishes the first
@@ -109,21 +114,31 @@
 //! ([`LockOptions::permits`](dlock_core::LockOptions::permits)) have scripts of their
 //! own; the lock alone (a writer) keeps the exclusive scripts above, unchanged in what an
 //! uncontended acquire and release send. Readers and permits hold through the same hold
-//! hash, marked `kind` → `shared` or `permit`, with a field per hold (`holder:<owner>` →
-//! its token, `count:<owner>` → its grants) and per grant (`request:<request id>` → its
-//! owner), and through the `:leases` sorted set, where each hold's owner is scored with
-//! the time its hold lapses. Each hold lapses on its own (a crashed reader's share ends
+//! hash, marked `kind` → `shared` or `permit`, with fields per hold (`holder:<hold id>` →
+//! its token, `count:<hold id>` → its grants, and for a permit `permits:<hold id>` → the
+//! number of permits it asked for) and per grant (`request:<request id>` → its hold id),
+//! and through the `:leases` sorted set, where each hold's id is scored with the time its
+//! hold lapses. A reader's hold id is its owner id; a permit's is the owner id and the
+//! number of permits ([`keys::hold_id`]), so an owner re-enters a permit only with the
+//! same number, and asking with another number takes another permit, with a token of its
+//! own. Each hold lapses on its own (a crashed reader's share ends
 //! at its own ttl): every script drops the leases past their time before it looks, and
 //! the hash and the set get the last lease's time as their expiry, so the writer's
 //! script, which only sees the hash, finds the lock free exactly when no lease is left.
 //! Every grant, of any kind, takes the next value of the one fence counter.
 //!
-//! A reader is admitted beside readers, a permit beside fewer permits than the number
-//! its request carries; nothing else mixes. A writer that waits for readers or permits
-//! takes a place in the lock's queue even when it did not ask for fairness, so that
-//! readers coming after it queue behind it (writer preference: a stream of readers
+//! A reader is admitted beside readers; a permit beside permits, while no holder, the new
+//! one included, would have more holds beside it than its own number of permits allows
+//! (fewer permits out than the request's number and than the number of every permit out;
+//! a permit written by an older client without its number bounds nobody). Nothing else
+//! mixes. So the number of permits can change at run time: while holders of an old
+//! number remain, the smaller number bounds every grant. A writer that waits for readers
+//! or permits takes a place in the lock's queue even when it did not ask for fairness, so
+//! that readers coming after it queue behind it (writer preference: a stream of readers
 //! cannot starve it); when the last reader leaves, the release wakes the head of the
-//! queue as it does for a fair lock. A reader granted at the head wakes the next waiter,
+//! queue as it does for a fair lock. A blocking permit request that is refused takes a
+//! place too, so that a later request (for more permits, say) cannot overtake it: once
+//! a queue exists, permits are granted only at its head, in the order they asked. A reader granted at the head wakes the next waiter,
 //! who may join it. A permit handed back wakes the head of the queue (or publishes on the
 //! lock's channel when nobody queues), as it may admit a waiter; a reader leaving other
 //! readers behind admits nobody new and publishes nothing. Renewals, releases, give-backs
@@ -149,8 +164,15 @@
 //!
 //! The token is the value of the lock's fence counter after the granting `INCR`: it
 //! strictly increases over the grants of a name, and a re-entrant acquire returns the
-//! holder's token again. The counter has no ttl (one small key per lock name ever used)
-//! so that tokens never go back when a lock is freed.
+//! holder's token again. The counter outlives the name's last grant, renewal or release
+//! by the keep time ([`RedisConfig::with_keep_idle`], URL option `keep_idle`, an hour by
+//! default), then expires, so that names nobody uses any more (an idempotency key per
+//! request, say) leave nothing behind: every key of a name expires by itself (see
+//! [`keys`] for how long each lasts), and the server needs no sweep. A grant that finds
+//! the counter gone (`INCR` answers 1) starts it from the server's clock in
+//! microseconds, which is above every token the name had, as long as the server's clock
+//! never steps back by the keep time: tokens of a new name look like timestamps, and
+//! tokens never go back when a lock is freed or a name comes back.
 //!
 //! # What survives a restart
 //!
@@ -270,7 +292,9 @@ pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
         None => None,
     };
     let subscriptions = pubsub::Subscriptions::start(connected.nodes, config.connect_timeout(), config.op_timeout());
-    let backend = RedisBackend::new(connected.commands, layout, subscriptions, replica_ack);
+    let backend = RedisBackend::new(connected.commands, layout, subscriptions, replica_ack)
+        .with_keep_idle(config.keep_idle())
+        .with_target(config.target());
     Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
 }
 

@@ -70,7 +70,7 @@ end
 /// check is the release's of those holds (the owner's hold has this token, its lease has
 /// not lapsed, whether or not a script dropped it yet, and this grant is still there).
 ///
-/// KEYS: hold, result, leases. ARGV: owner id, token, request id, call id, value,
+/// KEYS: hold, result, leases. ARGV: hold id, token, request id, call id, value,
 /// retention in ms.
 /// Returns what the store script returns.
 const STORE_SHARED: &str = r#"
@@ -155,7 +155,7 @@ pub(crate) fn store_call(
             .arg(&hold.grant_field),
         HoldKind::Shared | HoldKind::Permit { .. } => {
             Invocation::new(&scripts().store_shared, &[&hold.keys.hold, &hold.keys.result(), &hold.keys.leases])
-                .arg(hold.owner_id())
+                .arg(hold.hold_id())
                 .arg(hold.token.to_string())
                 .arg(hold.request_id())
         }

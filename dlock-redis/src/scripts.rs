@@ -40,6 +40,32 @@ local function read_hold(key)
 end
 "#;
 
+/// The fence counter functions of the single-server scripts, put in front of those that
+/// grant, renew or release.
+///
+/// The counter lasts the keep time (`keep`, in ms) from the name's last grant, renewal or
+/// release, so that an idle name leaves nothing behind. A grant that finds it missing
+/// (`INCR` answers 1) starts it from the server's clock in microseconds instead: above
+/// every token the name had before its counter went, as long as the server's clock never
+/// steps back by the keep time (a counter starts at the clock and takes one step per
+/// grant, and one script takes more than a microsecond).
+const FENCE_LIB: &str = r#"
+local function next_token(fence, keep)
+  local token = redis.call('incr', fence)
+  if token == 1 then
+    local t = redis.call('time')
+    token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('set', fence, string.format('%d', token), 'px', keep)
+  else
+    redis.call('pexpire', fence, keep)
+  end
+  return token
+end
+local function keep_fence(fence, keep)
+  redis.call('pexpire', fence, keep)
+end
+"#;
+
 /// The queue functions the single-server scripts share, put in front of each of them.
 ///
 /// A waiter is woken on its client's wake-up channel of the lock, named after the place
@@ -47,10 +73,12 @@ end
 /// message: one subscription serves all the waiters of a client on one lock, and the
 /// client wakes only the waiter named.
 ///
-/// A place lapses at the time stored for it in the places hash (server clock, in ms), so
-/// that a waiter that stopped coming back is skipped within its own ttl. Lapsed places are
-/// dropped when they reach the head; one further back stays until then (its waiter may
-/// still come back and refresh it, keeping its turn).
+/// A place lapses at the time stored for it in the places hash (server clock, in ms): its
+/// waiter's place lapse ([`place_lapse`](dlock_core::place_lapse), at most a few seconds,
+/// whatever lease it asks for) after its last look, so that a waiter that stopped coming
+/// back is skipped soon. Lapsed places are dropped when they reach the head; one further
+/// back stays until then (its waiter may still come back and refresh it, keeping its
+/// turn).
 const QUEUE_LIB: &str = r#"
 local function now_ms()
   local t = redis.call('time')
@@ -78,13 +106,13 @@ local function leave_queue(queue, places, id)
   end
   return false
 end
-local function take_place(queue, places, id, now, ttl)
-  if redis.call('hset', places, id, string.format('%d', now + ttl)) == 1 then
+local function take_place(queue, places, id, now, lapse)
+  if redis.call('hset', places, id, string.format('%d', now + lapse)) == 1 then
     redis.call('rpush', queue, id)
   end
   for _, key in ipairs({queue, places}) do
-    if redis.call('pttl', key) < ttl then
-      redis.call('pexpire', key, ttl)
+    if redis.call('pttl', key) < lapse then
+      redis.call('pexpire', key, lapse)
     end
   end
 end
@@ -105,10 +133,17 @@ end
 ///
 /// Readers' and permits' holds live in the hold hash (so that the exclusive scripts see
 /// the name held, and wait, without reading anything else) and in the leases set, where
-/// each hold's owner is scored with the time its hold lapses (server clock, in ms). Each
-/// hold lapses on its own: a script that finds leases past their time drops them and
-/// their fields first. The hash and the set themselves lapse with the last lease, so that
-/// a writer waiting on the hash's ttl is not held up by leases that ended before it.
+/// each hold's id (see [`hold_id`](crate::keys::hold_id)) is scored with the time its
+/// hold lapses (server clock, in ms). Each hold lapses on its own: a script that finds
+/// leases past their time drops them and their fields first. The hash and the set
+/// themselves lapse with the last lease, so that a writer waiting on the hash's ttl is
+/// not held up by leases that ended before it.
+///
+/// A permit's number of permits is kept beside it (`permits:<hold id>`): a new permit is
+/// admitted only while every holder, the new one included, would have no more holds
+/// beside it than its own number allows (`HoldKind::joins`), so the smallest number
+/// among the live permits and the request bounds the grant. The holders' numbers are
+/// read only when the request's own number admits one more (fewer holders than it).
 const LEASES_LIB: &str = r#"
 local function settle(hold, leases)
   local last = redis.call('zrange', leases, -1, -1, 'withscores')
@@ -132,9 +167,9 @@ local function held_kind(hold, leases, now)
   if #gone > 0 then
     redis.call('zremrangebyscore', leases, '-inf', string.format('%d', now))
     local dead = {}
-    for _, owner in ipairs(gone) do
-      dead[owner] = true
-      redis.call('hdel', hold, 'holder:' .. owner, 'count:' .. owner)
+    for _, id in ipairs(gone) do
+      dead[id] = true
+      redis.call('hdel', hold, 'holder:' .. id, 'count:' .. id, 'permits:' .. id)
     end
     local fields = redis.call('hgetall', hold)
     for i = 1, #fields, 2 do
@@ -151,23 +186,36 @@ local function held_kind(hold, leases, now)
   end
   return kind
 end
-local function lengthen(hold, leases, owner, lapse)
-  local score = redis.call('zscore', leases, owner)
+local function lengthen(hold, leases, id, lapse)
+  local score = redis.call('zscore', leases, id)
   if not score or tonumber(score) < lapse then
-    redis.call('zadd', leases, string.format('%d', lapse), owner)
+    redis.call('zadd', leases, string.format('%d', lapse), id)
     settle(hold, leases)
   end
 end
-local function take_back(hold, leases, owner, request)
+local function take_back(hold, leases, id, request)
   redis.call('hdel', hold, 'request:' .. request)
-  local count = 'count:' .. owner
+  local count = 'count:' .. id
   if tonumber(redis.call('hget', hold, count) or '0') > 1 then
     redis.call('hincrby', hold, count, -1)
     return false
   end
-  redis.call('hdel', hold, 'holder:' .. owner, count)
-  redis.call('zrem', leases, owner)
+  redis.call('hdel', hold, 'holder:' .. id, count, 'permits:' .. id)
+  redis.call('zrem', leases, id)
   settle(hold, leases)
+  return true
+end
+local function admits_permit(hold, leases, permits)
+  local held = redis.call('zcard', leases)
+  if held >= permits then
+    return false
+  end
+  for _, id in ipairs(redis.call('zrange', leases, 0, -1)) do
+    local bound = tonumber(redis.call('hget', hold, 'permits:' .. id) or '0')
+    if bound > 0 and bound <= held then
+      return false
+    end
+  end
   return true
 end
 local function hand_on(hold, queue, places, prefix, channel, token, kind)
@@ -196,15 +244,18 @@ end
 /// queue exists already or readers or permits hold the lock (a blocking non-fair
 /// request: queued, it keeps later readers out, so that a stream of them cannot starve
 /// it), `2` always (a blocking fair one).
-/// A request that has a place keeps it, refreshed to lapse a ttl from now. When dropping
-/// lapsed places leaves a free lock with a new head, that head is woken.
+/// A request that has a place keeps it, refreshed to lapse its place lapse from now. When
+/// dropping lapsed places leaves a free lock with a new head, that head is woken.
 ///
 /// A request granted already (by an earlier delivery of it, or by a release that handed
 /// the lock to its place) answers that grant, kept for at least the ttl from now: the
 /// client counts the lease from when it sent this request, which may be after the grant.
 ///
+/// Every grant keeps the fence counter for the keep time (see the fence functions).
+///
 /// KEYS: hold, fence counter, void marker, queue, places. ARGV: owner field, ttl in ms,
-/// grant field, place id, place mode, wake-up channel prefix.
+/// grant field, place id, place mode, wake-up channel prefix, place lapse in ms, keep
+/// time in ms.
 /// Returns `{1, token}` when granted, `{0, wait, placed}` when busy (or given back
 /// already): `wait` is the hold's pttl, or the time until another waiter's place at the
 /// head lapses if that comes first (a dead head is then skipped without waiting for the
@@ -227,6 +278,7 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
     redis.call('pexpire', KEYS[1], ttl)
   end
   leave_queue(KEYS[4], KEYS[5], ARGV[4])
+  keep_fence(KEYS[2], ARGV[8])
   return {1, redis.call('hget', KEYS[1], 'token')}
 end
 local now = now_ms()
@@ -236,15 +288,15 @@ if not held and (not head or head == ARGV[4]) then
   if head then
     leave_queue(KEYS[4], KEYS[5], ARGV[4])
   end
-  local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], ARGV[1], 1, 'token', token, ARGV[3], 1)
+  local token = next_token(KEYS[2], ARGV[8])
+  redis.call('hset', KEYS[1], ARGV[1], 1, 'token', string.format('%d', token), ARGV[3], 1)
   redis.call('pexpire', KEYS[1], ttl)
   return {1, token}
 end
 local placed = 0
 if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2'
     or (ARGV[5] == '1' and (head or (held and redis.call('hexists', KEYS[1], 'kind') == 1))) then
-  take_place(KEYS[4], KEYS[5], ARGV[4], now, ttl)
+  take_place(KEYS[4], KEYS[5], ARGV[4], now, tonumber(ARGV[7]))
   placed = 1
 end
 if held then
@@ -263,9 +315,11 @@ end
 return {0, tonumber(redis.call('hget', KEYS[5], head)) - now, placed}
 "#;
 
-/// Keeps the hold of one grant (with this token) for at least the ttl from now.
+/// Keeps the hold of one grant (with this token) for at least the ttl from now, and the
+/// fence counter for the keep time.
 ///
-/// KEYS: hold. ARGV: owner field, token, ttl in ms, grant field.
+/// KEYS: hold, fence counter. ARGV: owner field, token, ttl in ms, grant field, keep time
+/// in ms.
 /// Returns 1 when renewed, 0 when the hold (or this grant of it) is gone, -1 when
 /// another hold is there.
 const RENEW: &str = r#"
@@ -283,6 +337,7 @@ local ttl = tonumber(ARGV[3])
 if redis.call('pttl', KEYS[1]) < ttl then
   redis.call('pexpire', KEYS[1], ttl)
 end
+keep_fence(KEYS[2], ARGV[5])
 return 1
 "#;
 
@@ -300,9 +355,12 @@ return 1
 /// The last release deletes the hash first: `DEL` is allowed when the server is out of
 /// memory (`HINCRBY` is not), so unlocking keeps working then.
 ///
+/// A release keeps the fence counter for the keep time, and a grant it makes takes the
+/// next token as an acquire does.
+///
 /// KEYS: hold, queue, places, fence counter. ARGV: owner field, token, channel, grant
-/// field, wake-up channel prefix, then four per waiter named: place id, owner field,
-/// grant field, ttl in ms.
+/// field, wake-up channel prefix, keep time in ms, then four per waiter named: place id,
+/// owner field, grant field, ttl in ms.
 /// Returns 1 when released, `{1, place id, token}` when released and granted to the
 /// waiter of that place, 2 when the hold is there but this grant was released already, 0
 /// when the hold is not ours.
@@ -315,16 +373,17 @@ if redis.call('hexists', KEYS[1], ARGV[4]) == 0 then
 end
 if tonumber(redis.call('hget', KEYS[1], ARGV[1])) <= 1 then
   redis.call('del', KEYS[1])
+  keep_fence(KEYS[4], ARGV[6])
   local head = queue_head(KEYS[2], KEYS[3], now_ms())
   if not head then
     redis.call('publish', ARGV[3], ARGV[2])
     return 1
   end
-  for i = 6, #ARGV - 3, 4 do
+  for i = 7, #ARGV - 3, 4 do
     if ARGV[i] == head then
       leave_queue(KEYS[2], KEYS[3], head)
-      local token = redis.call('incr', KEYS[4])
-      redis.call('hset', KEYS[1], ARGV[i + 1], 1, 'token', token, ARGV[i + 2], 1)
+      local token = next_token(KEYS[4], ARGV[6])
+      redis.call('hset', KEYS[1], ARGV[i + 1], 1, 'token', string.format('%d', token), ARGV[i + 2], 1)
       redis.call('pexpire', KEYS[1], tonumber(ARGV[i + 3]))
       return {1, head, token}
     end
@@ -334,6 +393,7 @@ if tonumber(redis.call('hget', KEYS[1], ARGV[1])) <= 1 then
 end
 redis.call('hincrby', KEYS[1], ARGV[1], -1)
 redis.call('hdel', KEYS[1], ARGV[4])
+keep_fence(KEYS[4], ARGV[6])
 return 1
 "#;
 
@@ -389,22 +449,28 @@ return 1
 "#;
 
 /// Grants a reader's share or a permit when the holds there admit it (none; readers,
-/// for a reader; fewer permits than the request's number, for a permit) and no other
-/// waiter queues ahead, else reports how long to wait, taking or keeping a place in the
-/// queue as the exclusive acquire does. An owner holding this kind already re-enters its
-/// hold (count + 1, same token, its lease never shortened); a hold of another kind waits
-/// for its own end.
+/// for a reader; for a permit, permits fewer than the request's number and than the
+/// number of every permit there) and no other waiter queues ahead, else reports how long
+/// to wait, taking or keeping a place in the queue as the exclusive acquire does. A
+/// blocking permit request that is refused takes a place even when it did not ask for
+/// fairness, so that a later request, for more permits say, cannot overtake it: once a
+/// queue exists, requests are granted only at its head. The same hold id holding this
+/// kind already re-enters its hold (count + 1, same token, its lease never shortened): an
+/// owner re-enters a permit only with the same number of permits, and takes another
+/// permit with another number; a hold of another kind waits for its own end.
 ///
-/// Each grant takes the next value of the name's one fence counter, and is recorded
-/// under its request (`request:<request id>` → owner), as the exclusive acquire's are:
-/// the call is idempotent, and a request given back (its void marker set) grants
-/// nothing. A grant made at the head of the queue wakes the next waiter, who may join.
+/// Each grant takes the next value of the name's one fence counter (and keeps it for the
+/// keep time), and is recorded under its request (`request:<request id>` → hold id), as
+/// the exclusive acquire's are: the call is idempotent, and a request given back (its
+/// void marker set) grants nothing. A grant made at the head of the queue wakes the next
+/// waiter, who may join.
 ///
-/// KEYS: hold, fence counter, void marker, queue, places, leases. ARGV: owner id, ttl in
+/// KEYS: hold, fence counter, void marker, queue, places, leases. ARGV: hold id, ttl in
 /// ms, request id, place id, place mode, wake-up channel prefix, kind (`shared` or
-/// `permit`), permits (the request's number; ignored for `shared`).
+/// `permit`), permits (the request's number; ignored for `shared`), place lapse in ms,
+/// keep time in ms.
 /// Returns what the exclusive acquire returns; `wait` is, when the holds do not admit
-/// the request, the time until the first permit lapses (all permits out) or the hash's
+/// the request, the time until the first permit lapses (permits hold) or the hash's
 /// pttl (another kind holds), else the time until another waiter's place at the head
 /// lapses.
 const ACQUIRE_SHARED: &str = r#"
@@ -413,32 +479,36 @@ if redis.call('exists', KEYS[3]) == 1 then
 end
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
-local owner, kind = ARGV[1], ARGV[7]
+local id, kind = ARGV[1], ARGV[7]
 local held = held_kind(KEYS[1], KEYS[6], now)
-local holder = 'holder:' .. owner
+local holder = 'holder:' .. id
 if held == kind and redis.call('hexists', KEYS[1], holder) == 1 then
   local request = 'request:' .. ARGV[3]
-  if redis.call('hget', KEYS[1], request) ~= owner then
-    redis.call('hincrby', KEYS[1], 'count:' .. owner, 1)
-    redis.call('hset', KEYS[1], request, owner)
-    lengthen(KEYS[1], KEYS[6], owner, now + ttl)
+  if redis.call('hget', KEYS[1], request) ~= id then
+    redis.call('hincrby', KEYS[1], 'count:' .. id, 1)
+    redis.call('hset', KEYS[1], request, id)
+    lengthen(KEYS[1], KEYS[6], id, now + ttl)
     leave_queue(KEYS[4], KEYS[5], ARGV[4])
+    keep_fence(KEYS[2], ARGV[10])
   end
   return {1, redis.call('hget', KEYS[1], holder)}
 end
 local head, dropped = queue_head(KEYS[4], KEYS[5], now)
 local admitted = not held
 if held == kind then
-  admitted = kind == 'shared' or redis.call('zcard', KEYS[6]) < tonumber(ARGV[8])
+  admitted = kind == 'shared' or admits_permit(KEYS[1], KEYS[6], tonumber(ARGV[8]))
 end
 if admitted and (not head or head == ARGV[4]) then
   if not held then
     redis.call('del', KEYS[6])
   end
-  local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], 'kind', kind, 'token', token, holder, token, 'count:' .. owner, 1,
-    'request:' .. ARGV[3], owner)
-  redis.call('zadd', KEYS[6], string.format('%d', now + ttl), owner)
+  local token = string.format('%d', next_token(KEYS[2], ARGV[10]))
+  redis.call('hset', KEYS[1], 'kind', kind, 'token', token, holder, token, 'count:' .. id, 1,
+    'request:' .. ARGV[3], id)
+  if kind == 'permit' then
+    redis.call('hset', KEYS[1], 'permits:' .. id, ARGV[8])
+  end
+  redis.call('zadd', KEYS[6], string.format('%d', now + ttl), id)
   settle(KEYS[1], KEYS[6])
   if head then
     leave_queue(KEYS[4], KEYS[5], ARGV[4])
@@ -447,8 +517,9 @@ if admitted and (not head or head == ARGV[4]) then
   return {1, token}
 end
 local placed = 0
-if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2' or (ARGV[5] == '1' and head) then
-  take_place(KEYS[4], KEYS[5], ARGV[4], now, ttl)
+if redis.call('hexists', KEYS[5], ARGV[4]) == 1 or ARGV[5] == '2'
+    or (ARGV[5] == '1' and (head or (kind == 'permit' and not admitted))) then
+  take_place(KEYS[4], KEYS[5], ARGV[4], now, tonumber(ARGV[9]))
   placed = 1
 end
 local wait = -1
@@ -475,7 +546,10 @@ return {0, wait, placed}
 /// Keeps a reader's share or a permit (this grant of it, with this token) for at least
 /// the ttl from now.
 ///
-/// KEYS: hold, leases. ARGV: owner id, token, ttl in ms, request id, kind.
+/// The fence counter is kept for the keep time, as by the exclusive renewal.
+///
+/// KEYS: hold, leases, fence counter. ARGV: hold id, token, ttl in ms, request id, kind,
+/// keep time in ms.
 /// Returns 1 when renewed, 0 when the hold (or this grant of it) is gone and nothing
 /// it would exclude holds (it expired, or was released), -1 when a hold of another kind
 /// is there (it was taken).
@@ -487,6 +561,7 @@ if held == ARGV[5] and redis.call('hget', KEYS[1], 'holder:' .. ARGV[1]) == ARGV
     return 0
   end
   lengthen(KEYS[1], KEYS[2], ARGV[1], now + tonumber(ARGV[3]))
+  keep_fence(KEYS[3], ARGV[6])
   return 1
 end
 if held and held ~= ARGV[5] then
@@ -501,8 +576,10 @@ return 0
 /// channel): a permit handed back may admit a waiter, while a reader leaving others
 /// behind admits nobody new. Idempotent per grant.
 ///
-/// KEYS: hold, queue, places, leases. ARGV: owner id, token, channel, request id,
-/// wake-up channel prefix.
+/// The fence counter is kept for the keep time, as by the exclusive release.
+///
+/// KEYS: hold, queue, places, leases, fence counter. ARGV: hold id, token, channel,
+/// request id, wake-up channel prefix, keep time in ms.
 /// Returns what the exclusive release returns.
 const RELEASE_SHARED: &str = r#"
 local held = held_kind(KEYS[1], KEYS[4], now_ms())
@@ -512,6 +589,7 @@ end
 if redis.call('hget', KEYS[1], 'request:' .. ARGV[4]) ~= ARGV[1] then
   return 2
 end
+keep_fence(KEYS[5], ARGV[6])
 if take_back(KEYS[1], KEYS[4], ARGV[1], ARGV[4]) then
   hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[5], ARGV[3], ARGV[2], held)
 end
@@ -523,7 +601,7 @@ return 1
 /// exclusive give-back does for its grants. Waiters are woken as a release and an
 /// abandon wake them.
 ///
-/// KEYS: hold, void marker, queue, places, leases. ARGV: owner id, request id, channel,
+/// KEYS: hold, void marker, queue, places, leases. ARGV: hold id, request id, channel,
 /// marker ttl in ms, place id, wake-up channel prefix.
 /// Returns 1 when a grant was given back, 0 when there was none.
 const GIVE_BACK_SHARED: &str = r#"
@@ -546,25 +624,49 @@ redis.pcall('set', KEYS[2], 1, 'px', ARGV[4])
 return given
 "#;
 
+/// What one RedLock node reports as its fence counter, put in front of the scripts that
+/// report it.
+///
+/// The counter lasts the keep time from the name's last grant, renewal or release on
+/// the node, as on a single server. A node without one grants only proposals above its
+/// clock in microseconds, which is above every token it accepted before its counter went
+/// as long as its clock never steps back by the keep time and no proposal ran ahead of
+/// its clock by as much (proposals follow the clients' and masters' clocks plus a lead
+/// of at most half the keep time). It reports its clock plus `lead` (µs) as its counter:
+/// a proposal above that reaches the node before its clock does, when it comes within
+/// the lead, so a proposer that learnt the clock from a refusal or a read is not refused
+/// again because the clock moved on meanwhile.
+const REPORTED_FENCE_LIB: &str = r#"
+local function clock_us(lead)
+  local t = redis.call('time')
+  return string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]) + lead)
+end
+local function reported_fence(counter, lead)
+  return counter or clock_us(tonumber(lead))
+end
+"#;
+
 /// One RedLock node's part of a grant with a token proposed by the client: granted only
-/// if the hold is free here and the proposal is above this node's fence counter, which
-/// then rises to it. An owner that holds the lock here already re-enters its hold. As
-/// with the single server's acquire, the grant is recorded under the request's own field
+/// if the hold is free here and the proposal is above this node's fence counter (or,
+/// without a counter, its clock in microseconds), which then rises to it and lasts the
+/// keep time. An owner that holds the lock here already re-enters its hold. As with the
+/// single server's acquire, the grant is recorded under the request's own field
 /// (idempotent per request, and given back by it), and a request given back is refused.
 ///
 /// Tokens travel and are stored as decimal strings, compared by length then text, so
 /// that no value loses precision in Lua's doubles.
 ///
 /// KEYS: hold, fence counter, void marker. ARGV: owner field, proposed token, ttl in ms,
-/// grant field.
+/// grant field, keep time in ms, lead in µs (see the reported fence functions).
 /// Returns `{status, value, fence[, holder's token]}`: `{1, token}` granted with the
 /// proposal, `{2, token}` re-entered (count + 1, the hold's own token, or a grant this
 /// request made in an earlier round), `{0, pttl, fence, token}` held by another owner
 /// (with that hold's token, so that the client can tell one holder with a quorum from a
 /// split vote), `{-1, fence}` the proposal is not above the counter; `fence` is the
-/// counter after the call.
+/// counter after the call, or the clock plus the lead where there is none.
 const GRANT: &str = r#"
-local fence = redis.call('get', KEYS[2]) or '0'
+local counter = redis.call('get', KEYS[2])
+local fence = reported_fence(counter, ARGV[6])
 if redis.call('exists', KEYS[3]) == 1 then
   return {0, redis.call('pttl', KEYS[1]), fence, redis.call('hget', KEYS[1], 'token') or '0'}
 end
@@ -582,18 +684,27 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   if redis.call('pttl', KEYS[1]) < ttl then
     redis.call('pexpire', KEYS[1], ttl)
   end
+  redis.call('pexpire', KEYS[2], ARGV[5])
   return {2, redis.call('hget', KEYS[1], 'token'), fence}
 end
 if redis.call('exists', KEYS[1]) == 1 then
   return {0, redis.call('pttl', KEYS[1]), fence, redis.call('hget', KEYS[1], 'token') or '0'}
 end
-if not above(ARGV[2], fence) then
+if not above(ARGV[2], counter or clock_us(0)) then
   return {-1, fence, fence}
 end
-redis.call('set', KEYS[2], ARGV[2])
+redis.call('set', KEYS[2], ARGV[2], 'px', ARGV[5])
 redis.call('hset', KEYS[1], ARGV[1], 1, 'token', ARGV[2], ARGV[4], 1)
 redis.call('pexpire', KEYS[1], ARGV[3])
 return {1, ARGV[2], ARGV[2]}
+"#;
+
+/// One RedLock node's fence counter, for the read phase of a proposal: the counter, or
+/// the clock plus the lead where there is none (see the reported fence functions).
+///
+/// KEYS: fence counter. ARGV: lead in µs. Returns the counter as a decimal string.
+const READ_FENCE: &str = r#"
+return reported_fence(redis.call('get', KEYS[1]), ARGV[1])
 "#;
 
 /// Reads the hold in one consistent view.
@@ -610,7 +721,8 @@ return {owner, count, token, redis.call('pttl', KEYS[1])}
 
 /// Reads the hold and the number of live places in the queue in one consistent view.
 /// Of readers or permits, the holder reported is the newest live hold (the highest
-/// token), with its own grant count and remaining lease.
+/// token), with its own grant count and remaining lease, named by its owner id (a
+/// permit's hold id without its number of permits).
 ///
 /// KEYS: hold, places, leases. Returns `{waiters}` when free, else
 /// `{waiters, owner, count, token, pttl}`.
@@ -628,10 +740,10 @@ if redis.call('hexists', KEYS[1], 'kind') == 1 then
   local newest, token, lapse = false, '0', 0
   for i = 1, #fields, 2 do
     if string.sub(fields[i], 1, 7) == 'holder:' then
-      local owner = string.sub(fields[i], 8)
-      local score = redis.call('zscore', KEYS[3], owner)
+      local id = string.sub(fields[i], 8)
+      local score = redis.call('zscore', KEYS[3], id)
       if score and tonumber(score) > now and (not newest or above(fields[i + 1], token)) then
-        newest, token, lapse = owner, fields[i + 1], tonumber(score)
+        newest, token, lapse = id, fields[i + 1], tonumber(score)
       end
     end
   end
@@ -639,7 +751,12 @@ if redis.call('hexists', KEYS[1], 'kind') == 1 then
     return {waiters}
   end
   local count = tonumber(redis.call('hget', KEYS[1], 'count:' .. newest) or '0')
-  return {waiters, newest, count, token, lapse - now}
+  local owner = newest
+  local cut = string.find(newest, '\0', 1, true)
+  if cut then
+    owner = string.sub(newest, 1, cut - 1)
+  end
+  return {waiters, owner, count, token, lapse - now}
 end
 local owner, count, token = read_hold(KEYS[1])
 if not owner then
@@ -666,6 +783,8 @@ pub struct Scripts {
     pub inspect_queue: Script,
     /// See the grant script (one RedLock node's part of a grant).
     pub grant: Script,
+    /// See the script that reads one RedLock node's fence counter.
+    pub read_fence: Script,
     /// See the acquire script of readers and permits.
     pub acquire_shared: Script,
     /// See the renew script of readers and permits.
@@ -684,16 +803,18 @@ impl std::fmt::Debug for Scripts {
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let queued = |body: &str| Script::new(&format!("{QUEUE_LIB}{body}"));
-    let leased = |body: &str| Script::new(&format!("{QUEUE_LIB}{LEASES_LIB}{body}"));
+    let fenced = |body: &str| Script::new(&format!("{FENCE_LIB}{QUEUE_LIB}{body}"));
+    let leased = |body: &str| Script::new(&format!("{FENCE_LIB}{QUEUE_LIB}{LEASES_LIB}{body}"));
     Scripts {
-        acquire: queued(ACQUIRE),
-        renew: Script::new(RENEW),
-        release: queued(RELEASE),
+        acquire: fenced(ACQUIRE),
+        renew: Script::new(&format!("{FENCE_LIB}{RENEW}")),
+        release: fenced(RELEASE),
         give_back: queued(GIVE_BACK),
         inspect: Script::new(&format!("{HOLD_LIB}{INSPECT}")),
         abandon: queued(ABANDON),
         inspect_queue: Script::new(&format!("{ABOVE_LIB}{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
-        grant: Script::new(&format!("{ABOVE_LIB}{GRANT}")),
+        grant: Script::new(&format!("{ABOVE_LIB}{REPORTED_FENCE_LIB}{GRANT}")),
+        read_fence: Script::new(&format!("{REPORTED_FENCE_LIB}{READ_FENCE}")),
         acquire_shared: leased(ACQUIRE_SHARED),
         renew_shared: leased(RENEW_SHARED),
         release_shared: leased(RELEASE_SHARED),
@@ -708,7 +829,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Every script, for loading them up front.
-    pub fn all(&self) -> [&Script; 12] {
+    pub fn all(&self) -> [&Script; 13] {
         [
             &self.acquire,
             &self.renew,
@@ -718,6 +839,7 @@ impl Scripts {
             &self.abandon,
             &self.inspect_queue,
             &self.grant,
+            &self.read_fence,
             &self.acquire_shared,
             &self.renew_shared,
             &self.release_shared,
@@ -1023,7 +1145,8 @@ fn unexpected(script: &str, reply: &str) -> redis::RedisError {
 mod tests {
     use super::*;
     use crate::keys::{
-        COUNT_FIELD_PREFIX, HOLDER_FIELD_PREFIX, KIND_FIELD, OWNER_FIELD_PREFIX, REQUEST_FIELD_PREFIX, TOKEN_FIELD,
+        COUNT_FIELD_PREFIX, HOLDER_FIELD_PREFIX, HOLD_ID_SEPARATOR, KIND_FIELD, OWNER_FIELD_PREFIX,
+        PERMITS_FIELD_PREFIX, REQUEST_FIELD_PREFIX, TOKEN_FIELD,
     };
 
     #[test]
@@ -1045,9 +1168,13 @@ mod tests {
 
     #[test]
     fn lease_scripts_use_the_documented_field_names() {
-        for prefix in [HOLDER_FIELD_PREFIX, COUNT_FIELD_PREFIX, REQUEST_FIELD_PREFIX] {
+        for prefix in [HOLDER_FIELD_PREFIX, COUNT_FIELD_PREFIX, PERMITS_FIELD_PREFIX, REQUEST_FIELD_PREFIX] {
             assert!(LEASES_LIB.contains(&format!("'{prefix}'")), "{prefix}");
         }
+        assert!(ACQUIRE_SHARED.contains(&format!("'{PERMITS_FIELD_PREFIX}'")));
+        // Lua's `\0` is the separator of a permit's hold id, where inspect cuts the owner.
+        assert_eq!(HOLD_ID_SEPARATOR, '\0');
+        assert!(INSPECT_QUEUE.contains(r"string.find(newest, '\0', 1, true)"));
         let request = REQUEST_FIELD_PREFIX.len();
         assert!(LEASES_LIB.contains(&format!("string.sub(fields[i], 1, {request}) == '{REQUEST_FIELD_PREFIX}'")));
         let holder = HOLDER_FIELD_PREFIX.len();

@@ -70,13 +70,7 @@ async fn a_grant_given_back_is_not_made_by_a_late_delivery() {
         .arg(30_000)
         .arg("r:1")
         .arg(&keys.wake_prefix);
-    let acquire = Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void, &keys.queue, &keys.places])
-        .arg("owner:r:1")
-        .arg(30_000)
-        .arg("grant:r:1")
-        .arg("r:1")
-        .arg("2")
-        .arg(&keys.wake_prefix);
+    let acquire = support::acquire_call_placed(&keys, "owner:r:1", "r:1", ("2", 5_000));
     let given: i64 = redis::from_redis_value(give_back.run(&mut conn).await.unwrap()).unwrap();
     assert_eq!(given, 0, "nothing was granted yet");
     // The acquire arrives after its give-back (held up on another connection).

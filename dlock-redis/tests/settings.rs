@@ -1,5 +1,6 @@
 //! Settings reach the server: ACL user and password (from the URL or the builder), a
-//! password alone, database, key prefix.
+//! password alone, database, key prefix; the client's target names the server, the
+//! database and the prefix, never the credentials.
 
 mod support;
 
@@ -20,6 +21,7 @@ async fn acl_user_database_and_prefix_come_from_the_url() {
     let server = server_with_acl_user();
     let url = format!("redis://locks:s3cr%25t@{}/3?prefix=shop&op_timeout=1s&connect_timeout=1s", server.addr());
     let locker = dlock_redis::connect(RedisConfig::from_url(&url).unwrap()).await.expect("connect as the ACL user");
+    assert_eq!(locker.target(), format!("redis://{}/3 prefix shop", server.addr()), "no credentials in it");
     let name = LockName::new("stock/{sku-1}").unwrap();
     let lease = locker.acquire(&name, &LockOptions::new()).await.unwrap();
 

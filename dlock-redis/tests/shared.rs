@@ -1,8 +1,10 @@
 //! Readers' shares and semaphore permits on one Redis server, beyond what the shared
 //! suite checks: each lease lapses on its own (and the writer waiting on the hold hash is
-//! not held up by leases that ended), waiters are woken by messages rather than by
-//! polling, the scripts are idempotent per request and give back exactly one grant, a
-//! lost share says whether it was taken, and results and inspect work for every kind.
+//! not held up by leases that ended), waiters are woken by the releases' messages, a
+//! permit keeps its number of permits, which bounds who joins it, and an owner's permits
+//! of different numbers are holds of their own, the scripts are idempotent per request
+//! and give back exactly one grant, a lost share says whether it was taken, and results
+//! and inspect work for every kind.
 
 mod support;
 
@@ -13,6 +15,7 @@ use dlock_redis::scripts::{scripts, AcquireReply, Invocation, ReleaseReply, Rene
 use dlock_redis::{KeyLayout, LockKeys};
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisServer};
 use redis::aio::MultiplexedConnection;
+use support::monitor::{Monitor, Sent};
 
 async fn connection(server: &RedisServer) -> MultiplexedConnection {
     redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
@@ -39,24 +42,28 @@ fn acquire_shared(keys: &LockKeys, owner: &str, request: &str, ttl_ms: u64, perm
     .arg(&keys.wake_prefix)
     .arg(kind)
     .arg(permits)
+    .arg(5_000)
+    .arg(support::KEEP_MS)
 }
 
 fn renew_shared(keys: &LockKeys, owner: &str, request: &str, token: u64, kind: &str) -> Invocation {
-    Invocation::new(&scripts().renew_shared, &[&keys.hold, &keys.leases])
+    Invocation::new(&scripts().renew_shared, &[&keys.hold, &keys.leases, &keys.fence])
         .arg(owner)
         .arg(token.to_string())
         .arg(30_000)
         .arg(request)
         .arg(kind)
+        .arg(support::KEEP_MS)
 }
 
 fn release_shared(keys: &LockKeys, owner: &str, request: &str, token: u64) -> Invocation {
-    Invocation::new(&scripts().release_shared, &[&keys.hold, &keys.queue, &keys.places, &keys.leases])
+    Invocation::new(&scripts().release_shared, &[&keys.hold, &keys.queue, &keys.places, &keys.leases, &keys.fence])
         .arg(owner)
         .arg(token.to_string())
         .arg(&keys.channel)
         .arg(request)
         .arg(&keys.wake_prefix)
+        .arg(support::KEEP_MS)
 }
 
 async fn granted(conn: &mut MultiplexedConnection, call: &Invocation) -> u64 {
@@ -142,11 +149,12 @@ async fn a_lost_share_is_stolen_only_by_a_hold_it_excludes() {
     assert_eq!(renew(&mut conn, "long", "l:1", long, "shared").await, RenewReply::Stolen);
     assert_eq!(renew(&mut conn, "old", "o:1", 1, "permit").await, RenewReply::Gone);
     // The writer's renewal: readers and permits after it took its hold.
-    let renew_writer = Invocation::new(&scripts().renew, &[&keys.hold])
+    let renew_writer = Invocation::new(&scripts().renew, &[&keys.hold, &keys.fence])
         .arg("owner:w")
         .arg(writer.to_string())
         .arg(30_000)
-        .arg("grant:w:1");
+        .arg("grant:w:1")
+        .arg(support::KEEP_MS);
     assert_eq!(RenewReply::parse(renew_writer.run(&mut conn).await.unwrap()).unwrap(), RenewReply::Stolen);
 }
 
@@ -182,6 +190,65 @@ async fn a_permit_given_back_is_not_made_by_a_late_delivery() {
     assert!(!exists(&mut conn, &keys.hold).await);
 }
 
+/// A permit's number of permits is kept beside it and bounds every hold that joins it; a
+/// permit that an older client wrote without its number bounds nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_keep_their_number_and_bound_who_joins() {
+    let server = RedisServer::start(&ServerConfig::default()).unwrap();
+    let mut conn = connection(&server).await;
+    let keys = keys("shared/numbers");
+    let busy = |reply: redis::Value| matches!(AcquireReply::parse(reply), Ok(AcquireReply::Busy { .. }));
+
+    granted(&mut conn, &acquire_shared(&keys, "older", "o:1", 30_000, 5)).await;
+    // As an older client left it: no number beside the hold.
+    let _: i64 = redis::cmd("HDEL").arg(&keys.hold).arg("permits:older").query_async(&mut conn).await.unwrap();
+    granted(&mut conn, &acquire_shared(&keys, "two\u{0}2", "t:1", 30_000, 2)).await;
+    let kept: Option<String> =
+        redis::cmd("HGET").arg(&keys.hold).arg("permits:two\u{0}2").query_async(&mut conn).await.unwrap();
+    assert_eq!(kept.as_deref(), Some("2"));
+    // Two holds are out: a third is beside the holder that asked for two at most, whatever
+    // the newcomer asks for.
+    assert!(busy(acquire_shared(&keys, "three\u{0}3", "h:1", 30_000, 3).run(&mut conn).await.unwrap()));
+    assert!(busy(acquire_shared(&keys, "five\u{0}5", "f:1", 30_000, 5).run(&mut conn).await.unwrap()));
+    // Without the holder of two, the number-less permit admits the newcomer's own bound.
+    let two: String = redis::cmd("HGET").arg(&keys.hold).arg("holder:two\u{0}2").query_async(&mut conn).await.unwrap();
+    let released = release_shared(&keys, "two\u{0}2", "t:1", two.parse().unwrap()).run(&mut conn).await.unwrap();
+    assert_eq!(ReleaseReply::parse(released).unwrap(), ReleaseReply::Released);
+    granted(&mut conn, &acquire_shared(&keys, "three\u{0}3", "h:2", 30_000, 3)).await;
+    granted(&mut conn, &acquire_shared(&keys, "more\u{0}3", "m:1", 30_000, 3)).await;
+    assert!(busy(acquire_shared(&keys, "last\u{0}9", "l:1", 30_000, 9).run(&mut conn).await.unwrap()));
+}
+
+/// An owner re-enters a permit only with the same number of permits; another number is
+/// another hold, with a token of its own, and inspect names either by the owner alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_number_of_permits_is_a_hold_of_its_own() {
+    let server = RedisServer::start(&ServerConfig::default()).unwrap();
+    let locker = dlock_redis::connect(support::client_config(server.addr())).await.unwrap();
+    let mut conn = connection(&server).await;
+    let name = LockName::new("shared/owner-numbers").unwrap();
+    let opts =
+        |permits| LockOptions::watchdog(Duration::from_secs(30)).owner(OwnerId::new("pool").unwrap()).permits(permits);
+    let three = locker.acquire(&name, &opts(3)).await.unwrap();
+    let again = locker.acquire(&name, &opts(3)).await.unwrap();
+    let four = locker.acquire(&name, &opts(4)).await.unwrap();
+    assert_eq!(again.token(), three.token());
+    assert!(four.token() > three.token());
+    let keys = keys("shared/owner-numbers");
+    let count = |id: &str| redis::cmd("HGET").arg(&keys.hold).arg(format!("count:{id}")).clone();
+    let (of_three, of_four): (Option<i64>, Option<i64>) = (
+        count("pool\u{0}3").query_async(&mut conn).await.unwrap(),
+        count("pool\u{0}4").query_async(&mut conn).await.unwrap(),
+    );
+    assert_eq!((of_three, of_four), (Some(2), Some(1)));
+    let holder = locker.inspect(&name).await.unwrap().holder.expect("held");
+    assert_eq!((holder.owner.as_str(), holder.token, holder.count), ("pool", four.token(), 1));
+    for lease in [three, again, four] {
+        lease.release().await.unwrap();
+    }
+    assert!(locker.inspect(&name).await.unwrap().holder.is_none());
+}
+
 /// A reader whose holder died lapses by its own ttl, even when a longer lease ended
 /// first: the writer waiting on the hold hash is granted at the dead reader's ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,11 +275,13 @@ async fn a_dead_readers_share_lapses_by_its_own_ttl() {
     writer.release().await.unwrap();
 }
 
-/// A writer waiting for readers (with a place it refreshes only every ttl/3, 10 s here)
-/// is woken by the last reader's release, and readers that come meanwhile wait behind
-/// it; a permit waiter is woken by a permit's release.
+/// A writer waiting for readers is woken by the last reader's release, and readers that
+/// come meanwhile wait behind it; a permit waiter is woken by a permit's release. Each
+/// waiter has a place, so the release's message goes to its client's wake-up channel
+/// (a waiter also looks again on its own every quarter of its place lapse, so the message
+/// itself is what shows the wake-up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_woken_by_releases_not_by_polling() {
+async fn waiters_are_woken_by_releases() {
     let server = RedisServer::start(&ServerConfig::default()).unwrap();
     let config = support::client_config(server.addr());
     let (a, b, w) = (
@@ -221,6 +290,11 @@ async fn waiters_are_woken_by_releases_not_by_polling() {
         dlock_redis::connect(config).await.unwrap(),
     );
     let long = |wait| LockOptions::watchdog(Duration::from_secs(30)).wait(wait);
+    let woken = |sent: &[Sent], keys: &LockKeys| {
+        sent.iter()
+            .filter(|s| s.source == "lua" && s.command() == "publish")
+            .any(|s| s.args.get(1).is_some_and(|channel| channel.starts_with(&keys.wake_prefix)))
+    };
     let name = LockName::new("shared/woken").unwrap();
     let reader = a.acquire(&name, &long(Duration::ZERO).read()).await.unwrap();
     let writing = {
@@ -232,11 +306,11 @@ async fn waiters_are_woken_by_releases_not_by_polling() {
     })
     .await;
     assert!(b.try_acquire(&name, &long(Duration::ZERO).read()).await.unwrap().is_none(), "a reader overtook");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
+    let mut monitor = Monitor::start(&server).await;
     reader.release().await.unwrap();
-    let writer = tokio::time::timeout(Duration::from_secs(3), writing).await.expect("woken").unwrap().unwrap();
-    assert!(released.elapsed() < Duration::from_secs(3));
+    let sent = monitor.collect().await;
+    assert!(woken(&sent, &keys("shared/woken")), "the last reader's release woke nobody: {sent:#?}");
+    let writer = tokio::time::timeout(Duration::from_secs(5), writing).await.expect("woken").unwrap().unwrap();
     writer.release().await.unwrap();
 
     let pool = LockName::new("shared/pool").unwrap();
@@ -246,13 +320,15 @@ async fn waiters_are_woken_by_releases_not_by_polling() {
         let (b, pool) = (b.clone(), pool.clone());
         tokio::spawn(async move { b.acquire(&pool, &one(Duration::from_secs(20))).await })
     };
-    dlock_conformance::properties::eventually("the permit waiter waits", Duration::from_secs(5), || async {
-        b.stats().waiting == 1
+    dlock_conformance::properties::eventually("the permit waiter queues", Duration::from_secs(5), || async {
+        b.stats().waiting == 1 && a.inspect(&pool).await.unwrap().waiters == Some(1)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut monitor = Monitor::start(&server).await;
     permit.release().await.unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(3), waiting).await.expect("woken").unwrap().unwrap();
+    let sent = monitor.collect().await;
+    assert!(woken(&sent, &keys("shared/pool")), "a permit's release woke nobody: {sent:#?}");
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").unwrap().unwrap();
     next.release().await.unwrap();
 }
 

@@ -49,6 +49,8 @@ pub struct RedLockBackend {
     quorum: usize,
     node_timeout: Duration,
     proposer: Proposer,
+    /// How long a name's fence counter outlives its last use on a node, in ms.
+    keep_ms: u64,
 }
 
 impl std::fmt::Debug for RedLockBackend {
@@ -86,19 +88,22 @@ struct Ask {
     grant: String,
     void: String,
     ttl_ms: u64,
+    /// The keep time of the name's fence counter, in ms.
+    keep_ms: u64,
     /// The give-back of the last round, still running: the next round of the same
     /// request waits for it, so that it finds this request's earlier grants gone.
     giving_back: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Ask {
-    fn new(layout: &KeyLayout, req: &Request) -> Self {
+    fn new(layout: &KeyLayout, req: &Request, keep_ms: u64) -> Self {
         let keys = layout.lock(&req.name);
         Ask {
             owner: owner_field(&req.owner),
             grant: grant_field(&req.id),
             void: keys.void(&req.id),
             ttl_ms: ttl_millis(req.ttl()),
+            keep_ms,
             keys,
             giving_back: Mutex::new(None),
         }
@@ -125,7 +130,8 @@ impl RedLockBackend {
         RedLockBackend {
             quorum: config.quorum(),
             node_timeout: config.node_timeout(),
-            proposer: Proposer::new(config.token_source()),
+            proposer: Proposer::new(config.token_source(), config.lead()),
+            keep_ms: ttl_millis(config.keep_idle()).max(1),
             config: config.clone(),
             nodes,
             layout,
@@ -259,14 +265,16 @@ impl RedLockBackend {
         }
     }
 
-    /// Phase one of the plain two-phase scheme: the highest fence counter a quorum reports.
+    /// Phase one of the plain two-phase scheme: the highest fence counter a quorum reports
+    /// (a node without one reports its clock plus the lead).
     async fn read_counters(&self, keys: &LockKeys) -> Result<u64, LockError> {
+        let call = Arc::new(read_fence_call(keys, self.proposer.lead_micros()));
         let mut answers = fan_out(
             &self.nodes,
             self.node_timeout,
             |mut conn| {
-                let get = redis::cmd("GET").arg(&keys.fence).clone();
-                async move { get.query_async::<Option<u64>>(&mut conn).await }
+                let call = call.clone();
+                async move { Ok(redis::from_redis_value::<u64>(call.run(&mut conn).await?)?) }
             },
             |_| false,
         )
@@ -275,7 +283,7 @@ impl RedLockBackend {
         if read < self.quorum {
             return Err(unreachable(&mut answers, read, self.quorum));
         }
-        Ok(answers.iter().filter_map(Answer::replied).map(|fence| fence.unwrap_or(0)).max().unwrap_or(0))
+        Ok(answers.iter().filter_map(Answer::replied).copied().max().unwrap_or(0))
     }
 
     /// Sends the grant script with `proposal` to every node and decides. A round gives
@@ -289,7 +297,13 @@ impl RedLockBackend {
         ask.given_back().await;
         let keys = &ask.keys;
         let mut guard = GiveBack { nodes: &self.nodes, ask, token: proposal, timeout: self.node_timeout };
-        let call = Arc::new(grant_call(keys, &ask.owner, &ask.grant, &ask.void, proposal, ask.ttl_ms));
+        let call = Arc::new(grant_call(
+            keys,
+            (&ask.owner, &ask.grant, &ask.void),
+            proposal,
+            (ask.ttl_ms, ask.keep_ms),
+            self.proposer.lead_micros(),
+        ));
         let quorum = self.quorum;
         let answers = fan_out(
             &self.nodes,
@@ -310,28 +324,38 @@ impl RedLockBackend {
         if !leftovers.is_empty() {
             let (nodes, keys, owner, grant, timeout) =
                 (self.nodes.clone(), keys.clone(), ask.owner.clone(), ask.grant.clone(), self.node_timeout);
-            let running =
-                tokio::spawn(async move { give_back(&nodes, &keys, &owner, &grant, &leftovers, timeout).await });
+            let keep_ms = ask.keep_ms;
+            let running = tokio::spawn(async move {
+                give_back(&nodes, &keys, (&owner, &grant), &leftovers, (keep_ms, timeout)).await
+            });
             *lock_unpoisoned(&ask.giving_back) = Some(running);
         }
         (outcome, answers)
     }
 }
 
-/// The grant script call of one request with one proposal on one node.
+/// The grant script call of one request (its owner and grant fields and its marker
+/// key) with one proposal on one node: its ttl and the name's keep time in ms, and the
+/// lead in µs that a node without a counter adds to the clock it reports.
 pub(crate) fn grant_call(
     keys: &LockKeys,
-    owner_field: &str,
-    grant_field: &str,
-    void: &str,
+    (owner_field, grant_field, void): (&str, &str, &str),
     proposal: u64,
-    ttl_ms: u64,
+    (ttl_ms, keep_ms): (u64, u64),
+    lead_us: u64,
 ) -> Invocation {
     Invocation::new(&scripts().grant, &[&keys.hold, &keys.fence, void])
         .arg(owner_field)
         .arg(proposal.to_string())
         .arg(ttl_ms)
         .arg(grant_field)
+        .arg(keep_ms)
+        .arg(lead_us)
+}
+
+/// The call that reads one node's fence counter (or its clock plus `lead_us`).
+pub(crate) fn read_fence_call(keys: &LockKeys, lead_us: u64) -> Invocation {
+    Invocation::new(&scripts().read_fence, &[&keys.fence]).arg(lead_us)
 }
 
 /// The bound of a fan-out that has none of its own (its caller bounds it).
@@ -366,17 +390,16 @@ fn leftovers(answers: &GrantAnswers, proposal: u64, outcome: GrantOutcome) -> Ve
 async fn give_back(
     nodes: &[NodeLink],
     keys: &LockKeys,
-    owner: &str,
-    grant: &str,
+    (owner, grant): (&str, &str),
     leftovers: &[(usize, u64)],
-    timeout: Duration,
+    (keep_ms, timeout): (u64, Duration),
 ) {
     if leftovers.is_empty() {
         return;
     }
     let calls = leftovers.iter().map(|&(index, token)| {
         let mut conn = nodes[index].conn.clone();
-        let call = release_call(keys, owner, grant, token);
+        let call = release_call(keys, (owner, grant), token, keep_ms);
         async move { call.run(&mut conn).await }
     });
     match tokio::time::timeout(timeout, futures::future::join_all(calls)).await {
@@ -413,7 +436,8 @@ impl Drop for GiveBack<'_> {
         let (nodes, keys, owner, grant, timeout) =
             (self.nodes.clone(), self.ask.keys.clone(), self.ask.owner.clone(), self.ask.grant.clone(), self.timeout);
         let leftovers: Vec<(usize, u64)> = (0..nodes.len()).map(|index| (index, self.token)).collect();
-        runtime.spawn(async move { give_back(&nodes, &keys, &owner, &grant, &leftovers, timeout).await });
+        let keep_ms = self.ask.keep_ms;
+        runtime.spawn(async move { give_back(&nodes, &keys, (&owner, &grant), &leftovers, (keep_ms, timeout)).await });
     }
 }
 
@@ -430,6 +454,10 @@ impl Backend for RedLockBackend {
         REDLOCK_CAPABILITIES
     }
 
+    fn target(&self) -> String {
+        self.config.target()
+    }
+
     async fn attempt(
         &self,
         req: &Request,
@@ -438,7 +466,7 @@ impl Backend for RedLockBackend {
         // The client bounds the whole attempt by the operation timeout, from a moment
         // just before this one: start no fan-out that could not finish within it.
         let deadline = Instant::now() + self.config.op_timeout().saturating_sub(self.node_timeout / 4);
-        let ask = Ask::new(&self.layout, req);
+        let ask = Ask::new(&self.layout, req, self.keep_ms);
         let mut look = self.look(&ask, deadline).await?;
         if let Look::Busy { split, .. } = look {
             // The subscriptions, then one more look (each fan-out within a node timeout).
@@ -504,7 +532,8 @@ impl Backend for RedLockBackend {
     }
 
     async fn renew(&self, hold: &RedLockHold, ttl: Duration) -> Result<Renewal, LockError> {
-        let call = renew_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token, ttl_millis(ttl));
+        let times = (ttl_millis(ttl), self.keep_ms);
+        let call = renew_call(&hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, times);
         let call = Arc::new(call);
         let quorum = self.quorum;
         // No bound of its own: the client bounds a renewal by the lease's validity, and a
@@ -529,7 +558,7 @@ impl Backend for RedLockBackend {
     }
 
     async fn release(&self, hold: &RedLockHold) -> Result<Release, LockError> {
-        let call = release_call(&hold.keys, &hold.owner_field, &hold.grant_field, hold.token);
+        let call = release_call(&hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, self.keep_ms);
         let call = Arc::new(call);
         let quorum = self.quorum;
         let mut answers = fan_out(

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use dlock_core::{LockError, LockName, RawBaseline, DEFAULT_TTL};
+use dlock_core::{LockError, LockName, RawBaseline, DEFAULT_KEEP_IDLE, DEFAULT_TTL};
 use futures::future::join_all;
 
-use super::backend::grant_call;
+use super::backend::{grant_call, read_fence_call};
 use super::config::TokenSource;
 use super::nodes::Nodes;
 use crate::backend::{release_call, renew_call};
@@ -24,12 +24,19 @@ const OWNER_FIELD: &str = "owner:raw-baseline";
 /// The grant field every baseline call uses.
 const GRANT_FIELD: &str = "grant:raw-baseline";
 
+/// The ttl and the keep time of every baseline call, in ms: a client's defaults.
+fn times() -> (u64, u64) {
+    (ttl_millis(DEFAULT_TTL), ttl_millis(DEFAULT_KEEP_IDLE))
+}
+
 /// The RedLock raw baseline (see [`raw_baseline`](super::raw_baseline)).
 pub struct RedLockBaseline {
     nodes: Nodes,
     layout: KeyLayout,
     quorum: usize,
     source: TokenSource,
+    /// How far ahead of the clock proposals are, in µs (as a client's).
+    lead: u64,
     /// The last token proposed, so that proposals keep rising within a microsecond.
     last: AtomicU64,
 }
@@ -41,8 +48,8 @@ impl std::fmt::Debug for RedLockBaseline {
 }
 
 impl RedLockBaseline {
-    pub(crate) fn new(nodes: Nodes, layout: KeyLayout, quorum: usize, source: TokenSource) -> Self {
-        RedLockBaseline { nodes, layout, quorum, source, last: AtomicU64::new(0) }
+    pub(crate) fn new(nodes: Nodes, layout: KeyLayout, quorum: usize, source: TokenSource, lead: u64) -> Self {
+        RedLockBaseline { nodes, layout, quorum, source, lead, last: AtomicU64::new(0) }
     }
 
     /// A token above `above`: from the clock, or with `tokens=read` simply the next one.
@@ -50,22 +57,23 @@ impl RedLockBaseline {
         if self.source == TokenSource::ReadFirst {
             return above.saturating_add(1);
         }
-        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0) + self.lead;
         let floor = above.saturating_add(1).max(clock);
         let previous = self.last.fetch_max(floor, Ordering::Relaxed);
         floor.max(previous.saturating_add(1))
     }
 
-    /// The highest fence counter of every node (`GET`), for `tokens=read`.
+    /// The highest fence counter of every node (the read script), for `tokens=read`.
     async fn read_counters(&self, keys: &LockKeys) -> Result<u64, LockError> {
         let mut max = 0;
+        let call = read_fence_call(keys, self.lead);
         for reply in join_all(self.nodes.iter().map(|link| {
-            let mut conn = link.conn.clone();
-            async move { redis::cmd("GET").arg(&keys.fence).query_async::<Option<u64>>(&mut conn).await }
+            let (call, mut conn) = (&call, link.conn.clone());
+            async move { Ok(redis::from_redis_value::<u64>(call.run(&mut conn).await?)?) }
         }))
         .await
         {
-            max = max.max(reply.map_err(to_lock_error)?.unwrap_or(0));
+            max = max.max(reply.map_err(to_lock_error)?);
         }
         Ok(max)
     }
@@ -73,7 +81,7 @@ impl RedLockBaseline {
     /// The grant on every node; returns the nodes that granted and the highest counter.
     async fn grant(&self, keys: &LockKeys, token: u64) -> Result<(Vec<usize>, u64), LockError> {
         let void = format!("{}:void:raw-baseline", keys.hold);
-        let call = grant_call(keys, OWNER_FIELD, GRANT_FIELD, &void, token, ttl_millis(DEFAULT_TTL));
+        let call = grant_call(keys, (OWNER_FIELD, GRANT_FIELD, &void), token, times(), self.lead);
         let replies = join_all(self.nodes.iter().map(|link| {
             let (call, mut conn) = (&call, link.conn.clone());
             async move { call.run(&mut conn).await }
@@ -91,7 +99,7 @@ impl RedLockBaseline {
     }
 
     async fn release(&self, keys: &LockKeys, token: u64, on: &[usize]) -> Result<(), LockError> {
-        let call = release_call(keys, OWNER_FIELD, GRANT_FIELD, token);
+        let call = release_call(keys, (OWNER_FIELD, GRANT_FIELD), token, times().1);
         for reply in join_all(on.iter().map(|&index| {
             let (call, mut conn) = (&call, self.nodes[index].conn.clone());
             async move { call.run(&mut conn).await }
@@ -127,7 +135,7 @@ impl RawBaseline for RedLockBaseline {
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        let call = renew_call(&keys, OWNER_FIELD, GRANT_FIELD, 0, ttl_millis(DEFAULT_TTL));
+        let call = renew_call(&keys, (OWNER_FIELD, GRANT_FIELD), 0, times());
         for reply in join_all(self.nodes.iter().map(|link| {
             let (call, mut conn) = (&call, link.conn.clone());
             async move { call.run(&mut conn).await }

@@ -5,10 +5,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError, MAX_DURATION};
+use dlock_core::{
+    parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError, DEFAULT_KEEP_IDLE, MAX_DURATION,
+};
 
 use crate::access::{AccessConfig, ServerAccess};
-use crate::config::{Node, RedisConfig, DEFAULT_PORT};
+use crate::config::{check_keep_idle, sorted, Node, RedisConfig, DEFAULT_PORT};
 use crate::keys::KeyLayout;
 
 /// The URL schemes of RedLock: `redlock://` and, with TLS to every node, `redlocks://`.
@@ -24,16 +26,18 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// How the client picks the fencing token it proposes to the nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TokenSource {
-    /// Propose the larger of the wall clock in microseconds and the highest counter this
-    /// client has seen for the lock, plus one; a node whose counter is not below the
-    /// proposal refuses it and answers with its counter, and the client proposes the
-    /// maximum plus one in a second round. One round trip per acquire in the usual case;
-    /// tokens look like timestamps.
+    /// Propose the larger of the wall clock in microseconds (plus a lead, see
+    /// [`RedLockConfig::lead`]) and the highest counter this client has seen for the
+    /// lock, plus one; a node whose counter is not below the proposal refuses it and
+    /// answers with its counter, and the client proposes the maximum plus one in a
+    /// second round. One round trip per acquire in the usual case, a name seen for the
+    /// first time included; tokens look like timestamps.
     #[default]
     Clock,
     /// Read every node's counter first and propose the maximum plus one: the plain
     /// two-phase scheme, with tokens that count up by one per grant, for one more round
-    /// trip per acquire.
+    /// trip per acquire. A node without a counter (a name new to it, or idle past the
+    /// keep time) reports its clock in microseconds plus the lead instead.
     ReadFirst,
 }
 
@@ -79,12 +83,14 @@ pub struct RedLockConfig {
     drift_fixed: Duration,
     retry_delay: Duration,
     token_source: TokenSource,
+    keep_idle: Duration,
 }
 
 impl RedLockConfig {
     /// RedLock over these masters, with the defaults: the timeouts and prefix of
     /// [`ConnectOptions`], a [`DEFAULT_NODE_TIMEOUT`] per node, a drift allowance of
-    /// 1% of the ttl + 2 ms, a [`DEFAULT_RETRY_DELAY`], and [`TokenSource::Clock`].
+    /// 1% of the ttl + 2 ms, a [`DEFAULT_RETRY_DELAY`], [`TokenSource::Clock`], and fence
+    /// counters kept for [`DEFAULT_KEEP_IDLE`] after a name's last use.
     pub fn new(nodes: impl IntoIterator<Item = Node>) -> Self {
         RedLockConfig {
             nodes: nodes.into_iter().collect(),
@@ -95,6 +101,7 @@ impl RedLockConfig {
             drift_fixed: Duration::from_millis(2),
             retry_delay: DEFAULT_RETRY_DELAY,
             token_source: TokenSource::Clock,
+            keep_idle: DEFAULT_KEEP_IDLE,
         }
     }
 
@@ -107,7 +114,10 @@ impl RedLockConfig {
     /// `drift_factor` (a fraction of the ttl, default 0.01) and `drift` (a fixed part,
     /// default 2ms; `0` for none) of the clock-drift allowance; `retry_delay` (the upper
     /// bound of the random delay after a split vote, default 50ms); `tokens=clock|read`
-    /// (see [`TokenSource`]); `tls_ca=<path>`. Unknown options are `InvalidInput`.
+    /// (see [`TokenSource`]); `keep_idle` (how long a name's fence counter outlives its
+    /// last use on each node, default an hour; see
+    /// [`with_keep_idle`](Self::with_keep_idle)); `tls_ca=<path>`. Unknown options are
+    /// `InvalidInput`.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         let parsed = BackendUrl::parse(url, DEFAULT_PORT)?;
         let bad = |why: &str| parsed.invalid(why);
@@ -137,6 +147,7 @@ impl RedLockConfig {
                     config.drift_fixed = if value.trim() == "0" { Duration::ZERO } else { parse_duration(&value)? }
                 }
                 "retry_delay" => config.retry_delay = parse_duration(&value)?,
+                "keep_idle" => config.keep_idle = parse_duration(&value)?,
                 "tokens" => {
                     config.token_source = match value.as_str() {
                         "clock" => TokenSource::Clock,
@@ -190,7 +201,7 @@ impl RedLockConfig {
         if self.retry_delay.is_zero() || self.retry_delay > MAX_DURATION {
             return bad(format!("retry_delay {:?} must be above zero and sensible", self.retry_delay));
         }
-        Ok(())
+        check_keep_idle(self.keep_idle)
     }
 
     /// How long one call to one node may take before the node counts as not answering.
@@ -220,6 +231,69 @@ impl RedLockConfig {
     pub fn with_token_source(mut self, source: TokenSource) -> Self {
         self.token_source = source;
         self
+    }
+
+    /// Keeps each name's fence counter on every node for `keep` after the name's last
+    /// grant, renewal or release there (default [`DEFAULT_KEEP_IDLE`], an hour; URL option
+    /// `keep_idle`), so that names nobody uses any more leave nothing behind. A node
+    /// without a counter grants only proposals above its clock in microseconds: tokens
+    /// never go back as long as no node's clock steps back by `keep`, and no client's or
+    /// node's clock runs ahead of another node's by half of it. At least 1 ms.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_redis::redlock::RedLockConfig;
+    ///
+    /// let config = RedLockConfig::from_url("redlock://a,b,c?keep_idle=10m")?;
+    /// assert_eq!(config.keep_idle(), Duration::from_secs(600));
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn with_keep_idle(mut self, keep: Duration) -> Self {
+        self.keep_idle = keep;
+        self
+    }
+
+    /// How long a name's fence counter outlives its last use on each node.
+    pub fn keep_idle(&self) -> Duration {
+        self.keep_idle
+    }
+
+    /// How far ahead of a clock proposals are made: three node timeouts (the longest a
+    /// proposal takes to reach a node after the clock it was made from was read: the
+    /// rest of one fan-out, a give-back and the next one), at most half the keep time.
+    /// A node without a counter reports its clock plus this lead, and a proposal from the
+    /// clock adds it too, so that it reaches the node before the node's clock passes it:
+    /// a look at a fresh name takes one round, and a second round, made above what a
+    /// refusal reported, is not refused again because the node's clock moved on.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_redis::redlock::RedLockConfig;
+    ///
+    /// let config = RedLockConfig::from_url("redlock://a,b,c?node_timeout=50ms")?;
+    /// assert_eq!(config.lead(), Duration::from_millis(150));
+    /// assert_eq!(config.with_keep_idle(Duration::from_millis(200)).lead(), Duration::from_millis(100));
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn lead(&self) -> Duration {
+        self.node_timeout.saturating_mul(3).min(self.keep_idle / 2)
+    }
+
+    /// Where the locks live, without credentials: the scheme, the masters (in one order,
+    /// whatever order they were listed in), the database and the key prefix. Clients
+    /// with the same target share their locks; what
+    /// [`Locker::target`](dlock_core::Locker::target) tells.
+    ///
+    /// ```
+    /// use dlock_redis::redlock::RedLockConfig;
+    ///
+    /// let config = RedLockConfig::from_url("redlock://app:s3cret@10.0.0.2:6379,10.0.0.1:6379,10.0.0.3:6379/1")?;
+    /// assert_eq!(config.target(), "redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/1 prefix dlock");
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn target(&self) -> String {
+        let tls = if self.access.tls { "s" } else { "" };
+        format!("redlock{tls}://{}/{} prefix {}", sorted(&self.nodes), self.access.db, self.prefix())
     }
 
     /// The nodes.
@@ -390,6 +464,8 @@ mod tests {
             "redlock://a?tokens=random",
             "redlock://a?tls_ca=/ca.pem",
             "redlock://a?prefix=x{y",
+            "redlock://a?keep_idle=0s",
+            "redlock://a?keep_idle=later",
         ] {
             assert!(matches!(RedLockConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");
         }
@@ -421,6 +497,16 @@ mod tests {
         assert_eq!(c, RedLockConfig::from_url("redlock://app:s3cret@a:1,b:2,c:3?op_timeout=2s&prefix=shop").unwrap());
         let node = c.node_config(&nodes[0]);
         assert_eq!((node.user(), node.password(), node.prefix()), (Some("app"), Some("s3cret"), "shop"));
+    }
+
+    #[test]
+    fn keeps_idle_names_for_the_keep_time_asked_and_leads_by_at_most_half_of_it() {
+        let c = RedLockConfig::from_url("redlock://a,b,c?keep_idle=90s&node_timeout=100ms").unwrap();
+        assert_eq!(c.keep_idle(), Duration::from_secs(90));
+        assert_eq!(c.lead(), Duration::from_millis(300));
+        assert_eq!(c.clone().with_keep_idle(Duration::from_millis(100)).lead(), Duration::from_millis(50));
+        assert!(matches!(c.with_keep_idle(Duration::ZERO).validate(), Err(LockError::InvalidInput(_))));
+        assert_eq!(RedLockConfig::new([Node::new("a", 1)]).keep_idle(), DEFAULT_KEEP_IDLE);
     }
 
     #[test]

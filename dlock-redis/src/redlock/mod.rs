@@ -46,7 +46,8 @@
 //!
 //! Exactly as on a single server (see [`keys`](crate::keys)): the hold hash
 //! `dlock:{name}` (`owner:<owner id>` → count, `token` → token, with a `PEXPIRE`), the
-//! fence counter `dlock:{name}:fence` (no ttl) and the channel `dlock:{name}:released`.
+//! fence counter `dlock:{name}:fence` (kept for the keep time from the name's last use
+//! there, [`RedLockConfig::with_keep_idle`]) and the channel `dlock:{name}:released`.
 //! A stored result is a copy per master of the single server's `dlock:{name}:result`
 //! hash; a store needs a quorum of masters to write their copy, and a load returns only
 //! a record a quorum of masters hold the same copy of (see [`results`]).
@@ -58,14 +59,24 @@
 //! accepting the same token. Any two quorums share a node, so two holders never share a
 //! token and tokens strictly increase across successive holders, whatever was proposed
 //! (see [`token`] for the argument). By default ([`TokenSource::Clock`])
-//! the client proposes the larger of the wall clock in microseconds and the highest
-//! counter it has seen, plus one; a node whose counter is not below the proposal refuses
-//! it and answers with its counter, and the client proposes the maximum plus one in a
-//! second round (the two-phase scheme's read, learnt from the refusals). So an acquire is
-//! one round trip unless clocks disagree or a competitor got in first, and tokens look
-//! like timestamps. [`TokenSource::ReadFirst`] (`?tokens=read`) reads every counter first
-//! and proposes the maximum plus one: tokens count up by one, for a second round trip
-//! on every acquire.
+//! the client proposes the larger of the wall clock in microseconds (plus a lead,
+//! [`RedLockConfig::lead`]) and the highest counter it has seen, plus one; a node whose
+//! counter is not below the proposal refuses it and answers with its counter, and the
+//! client proposes the maximum plus one in a second round (the two-phase scheme's read,
+//! learnt from the refusals). So an acquire is one round trip unless clocks disagree or a
+//! competitor got in first, and tokens look like timestamps. [`TokenSource::ReadFirst`]
+//! (`?tokens=read`) reads every counter first and proposes the maximum plus one: tokens
+//! count up by one, for a second round trip on every acquire.
+//!
+//! Each node keeps a name's counter for the keep time after the name's last grant,
+//! renewal or release there ([`RedLockConfig::with_keep_idle`], an hour by default), so
+//! that idle names leave nothing behind on any master. A node without a counter grants
+//! only proposals above its clock in microseconds, and reports its clock plus the lead as
+//! its counter (to a read, or in a refusal), so that a proposal made from that report is
+//! still above the clock when it arrives: a look at a name new to the masters takes one
+//! round, with either token source. Tokens never go back as long as no master's clock
+//! steps back by the keep time, and no client's or master's clock runs ahead of a
+//! master's by half of it (see [`token`]).
 //!
 //! A re-entrant acquire (same owner) increments the count on each node that holds it
 //! and returns the holder's token.
@@ -161,5 +172,6 @@ pub async fn connect(config: RedLockConfig) -> Result<RedLockLocker, LockError> 
 pub async fn raw_baseline(config: RedLockConfig) -> Result<RedLockBaseline, LockError> {
     let layout = KeyLayout::new(config.prefix())?;
     let nodes = nodes::connect(&config).await?;
-    Ok(RedLockBaseline::new(nodes, layout, config.quorum(), config.token_source()))
+    let lead = u64::try_from(config.lead().as_micros()).unwrap_or(u64::MAX);
+    Ok(RedLockBaseline::new(nodes, layout, config.quorum(), config.token_source(), lead))
 }

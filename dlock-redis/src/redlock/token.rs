@@ -32,6 +32,23 @@
 //!
 //! A re-entrant acquire returns the holder's token: it is not a new holder.
 //!
+//! # Counters that expire
+//!
+//! A node keeps a name's counter for the keep time (`keep_idle`) after the name's last
+//! grant, renewal or release there, so that idle names leave nothing behind. A node
+//! without a counter accepts only proposals above its clock in microseconds, and the
+//! argument above still holds as long as that floor is above every proposal the node
+//! accepted before: the last one was accepted at least the keep time earlier (by the
+//! node's clock, which expired the counter), and proposals run ahead of the clocks they
+//! were made from by at most the lead ([`RedLockConfig::lead`](super::RedLockConfig::lead),
+//! at most half the keep time). So tokens still strictly increase unless a node's clock
+//! steps back by the keep time, or a client's or node's clock runs ahead of a node's by
+//! more than half of it.
+//!
+//! Such a node reports its clock plus the lead as its counter (in a refusal, or to a
+//! read): a proposal made above it reaches the node within the lead, so a clock that
+//! moves on cannot refuse the second round of a look again and again.
+//!
 //! # What breaks it
 //!
 //! The argument needs every node's counter to survive a restart. A node that comes back
@@ -48,7 +65,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::config::TokenSource;
 
@@ -58,13 +75,25 @@ const MAX_HINTS: usize = 4096;
 /// Picks the tokens a client proposes.
 pub(crate) struct Proposer {
     source: TokenSource,
+    /// How far ahead of the clock proposals from the clock are, in µs.
+    lead: u64,
     /// The highest counter seen per fence key: proposals start above it.
     hints: Mutex<HashMap<String, u64>>,
 }
 
 impl Proposer {
-    pub(crate) fn new(source: TokenSource) -> Self {
-        Proposer { source, hints: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(source: TokenSource, lead: Duration) -> Self {
+        Proposer { source, lead: micros(lead), hints: Mutex::new(HashMap::new()) }
+    }
+
+    /// The lead, in µs, that nodes without a counter add to the clock they report.
+    pub(crate) fn lead_micros(&self) -> u64 {
+        self.lead
+    }
+
+    /// The clock in µs plus the lead.
+    fn ahead(&self) -> u64 {
+        clock_micros().saturating_add(self.lead)
     }
 
     /// Whether each look reads the counters before its first round.
@@ -78,7 +107,7 @@ impl Proposer {
             TokenSource::ReadFirst => None,
             TokenSource::Clock => {
                 let hint = self.hints().get(fence_key).copied().unwrap_or(0);
-                Some(hint.saturating_add(1).max(clock_micros()))
+                Some(hint.saturating_add(1).max(self.ahead()))
             }
         }
     }
@@ -88,7 +117,7 @@ impl Proposer {
         let next = max_fence.saturating_add(1);
         match self.source {
             TokenSource::ReadFirst => next,
-            TokenSource::Clock => next.max(clock_micros()),
+            TokenSource::Clock => next.max(self.ahead()),
         }
     }
 
@@ -117,7 +146,11 @@ impl Proposer {
 /// Microseconds since the Unix epoch (0 if the clock is before it). Only a guess that is
 /// usually above every counter: a wrong clock costs a second round, never safety.
 fn clock_micros() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)).unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(micros).unwrap_or(0)
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -126,9 +159,9 @@ mod tests {
 
     #[test]
     fn clock_proposals_start_above_what_was_seen() {
-        let proposer = Proposer::new(TokenSource::Clock);
+        let proposer = Proposer::new(TokenSource::Clock, Duration::from_millis(300));
         let now = clock_micros();
-        assert!(proposer.first("k").unwrap() >= now);
+        assert!(proposer.first("k").unwrap() >= now + 300_000, "a proposal from the clock leads it");
         let ahead = now + 3_600_000_000;
         proposer.observe("k", ahead);
         assert_eq!(proposer.first("k"), Some(ahead + 1));
@@ -140,7 +173,7 @@ mod tests {
 
     #[test]
     fn read_first_proposes_the_maximum_plus_one() {
-        let proposer = Proposer::new(TokenSource::ReadFirst);
+        let proposer = Proposer::new(TokenSource::ReadFirst, Duration::from_millis(300));
         assert_eq!(proposer.first("k"), None);
         proposer.observe("k", 40);
         assert_eq!(proposer.above(41), 42);
@@ -148,7 +181,7 @@ mod tests {
 
     #[test]
     fn hints_stay_bounded() {
-        let proposer = Proposer::new(TokenSource::Clock);
+        let proposer = Proposer::new(TokenSource::Clock, Duration::ZERO);
         for i in 0..MAX_HINTS * 2 {
             proposer.observe(&format!("k{i}"), i as u64);
         }

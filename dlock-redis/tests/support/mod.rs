@@ -120,8 +120,9 @@ pub(crate) fn client_config(addr: SocketAddr) -> RedisConfig {
     timeouts(RedisConfig::single(addr.ip().to_string(), addr.port()))
 }
 
+/// The fixture's timeouts, and its short keep time for idle names.
 fn timeouts(config: RedisConfig) -> RedisConfig {
-    config.with_op_timeout(OP_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT)
+    config.with_op_timeout(OP_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT).with_keep_idle(IDLE)
 }
 
 /// `config` authenticating as a URL's `user` and `password` did.
@@ -228,25 +229,38 @@ impl Restart for RedisFixture {
     }
 }
 
+/// How long the fence counter outlives a name's last use in the script calls the tests
+/// make themselves, in ms: a client's default.
+pub(crate) const KEEP_MS: u64 = 3_600_000;
+
 /// The acquire script call the backend sends for `grant` of `owner` (a 30 s ttl, no place
 /// in the queue), for tests that play the server's side of a re-sent call.
 pub(crate) fn acquire_call(keys: &LockKeys, owner: &str, grant: &str) -> Invocation {
+    acquire_call_placed(keys, owner, grant, ("0", 5_000))
+}
+
+/// The acquire script call of `grant` of `owner` (a 30 s ttl), with its place in the
+/// queue: its mode (`0` never, `1` behind a queue, `2` always) and how long it lasts in ms.
+pub(crate) fn acquire_call_placed(keys: &LockKeys, owner: &str, grant: &str, place: (&str, u64)) -> Invocation {
     let void = format!("{}:void:{grant}", keys.hold);
     Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, &void, &keys.queue, &keys.places])
         .arg(owner)
         .arg(30_000)
         .arg(format!("grant:{grant}"))
         .arg(grant)
-        .arg("0")
+        .arg(place.0)
         .arg(&keys.wake_prefix)
+        .arg(place.1)
+        .arg(KEEP_MS)
 }
 
 /// The release script call the backend sends for `grant` of `owner`, granted `token`.
 pub(crate) fn release_call(keys: &LockKeys, owner: &str, grant: &str, token: u64) -> Invocation {
-    Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places])
+    Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places, &keys.fence])
         .arg(owner)
         .arg(token.to_string())
         .arg(&keys.channel)
         .arg(format!("grant:{grant}"))
         .arg(&keys.wake_prefix)
+        .arg(KEEP_MS)
 }

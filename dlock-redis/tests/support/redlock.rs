@@ -135,8 +135,13 @@ pub(crate) fn config_for(nodes: &[Node]) -> RedLockConfig {
     timeouts(RedLockConfig::new(nodes.to_vec()))
 }
 
+/// The fixture's timeouts, and its short keep time for idle names.
 fn timeouts(config: RedLockConfig) -> RedLockConfig {
-    config.with_op_timeout(OP_TIMEOUT).with_connect_timeout(CONNECT_TIMEOUT).with_node_timeout(NODE_TIMEOUT)
+    config
+        .with_op_timeout(OP_TIMEOUT)
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_node_timeout(NODE_TIMEOUT)
+        .with_keep_idle(super::IDLE)
 }
 
 /// One switch over the links to every node.
