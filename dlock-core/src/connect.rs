@@ -2,11 +2,16 @@
 
 use std::time::Duration;
 
+use crate::client::ClientConfig;
 use crate::error::LockError;
 
 /// Connection options common to every backend, read from `?key=value` pairs of a URL:
-/// `connect_timeout`, `op_timeout` (durations such as `500ms`, `5s`, `2m`) and `prefix`
-/// (the key, path or table prefix under which the backend keeps its locks).
+/// `connect_timeout`, `op_timeout` (durations such as `500ms`, `5s`, `2m`), `prefix`
+/// (the key, path or table prefix under which the backend keeps its locks), `keep_idle`
+/// (how long a name's token counter outlives the name's last use; backends whose tokens
+/// are the server's revisions, ZooKeeper and etcd, keep no counter and ignore it) and
+/// `sweep_every` (how often the client sweeps idle names in the background; `off` never
+/// does).
 ///
 /// ```
 /// use std::time::Duration;
@@ -26,15 +31,23 @@ pub struct ConnectOptions {
     pub op_timeout: Duration,
     /// Where the backend keeps its locks (a key prefix, a znode root, a table prefix).
     pub prefix: String,
+    /// How long a name's token counter outlives its last grant, renewal or release.
+    pub keep_idle: Duration,
+    /// How often the client sweeps idle names in the background; `None` never.
+    pub sweep_every: Option<Duration>,
 }
 
 impl Default for ConnectOptions {
-    /// 5 s to connect, 5 s per operation, prefix `dlock`.
+    /// 5 s to connect, 5 s per operation, prefix `dlock`, names kept for
+    /// [`DEFAULT_KEEP_IDLE`](crate::DEFAULT_KEEP_IDLE), a sweep every
+    /// [`DEFAULT_SWEEP_EVERY`](crate::DEFAULT_SWEEP_EVERY).
     fn default() -> Self {
         ConnectOptions {
             connect_timeout: Duration::from_secs(5),
             op_timeout: Duration::from_secs(5),
             prefix: "dlock".to_string(),
+            keep_idle: crate::DEFAULT_KEEP_IDLE,
+            sweep_every: Some(crate::DEFAULT_SWEEP_EVERY),
         }
     }
 }
@@ -57,10 +70,37 @@ impl ConnectOptions {
                     }
                     opts.prefix = value;
                 }
+                "keep_idle" => opts.keep_idle = parse_duration(&value)?,
+                "sweep_every" => {
+                    opts.sweep_every = if value == "off" { None } else { Some(parse_duration(&value)?) };
+                }
                 _ => rest.push((key, value)),
             }
         }
         Ok((opts, rest))
+    }
+
+    /// Checks what a builder may have set: timeouts above zero, a keep time of 1 ms to
+    /// [`MAX_DURATION`](crate::MAX_DURATION), a sweep period above zero.
+    pub fn validate(&self) -> Result<(), LockError> {
+        if self.connect_timeout.is_zero() || self.op_timeout.is_zero() {
+            return Err(LockError::InvalidInput("timeouts must be above zero".into()));
+        }
+        if self.keep_idle < Duration::from_millis(1) || self.keep_idle > crate::MAX_DURATION {
+            return Err(LockError::InvalidInput(format!(
+                "keep_idle {:?} must be at least 1ms and at most a year",
+                self.keep_idle
+            )));
+        }
+        if self.sweep_every.is_some_and(|every| every.is_zero() || every > crate::MAX_DURATION) {
+            return Err(LockError::InvalidInput("sweep_every must be above zero and at most a year".into()));
+        }
+        Ok(())
+    }
+
+    /// The settings of the client a backend connected with these options gets.
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig { op_timeout: self.op_timeout, sweep_every: self.sweep_every }
     }
 }
 
@@ -113,6 +153,33 @@ pub trait ConnectConfig: Sized {
     fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.common_mut().prefix = prefix.into();
         self
+    }
+
+    /// How long a name's token counter (and what else the backend keeps for it) outlives
+    /// the name's last grant, renewal or release (default
+    /// [`DEFAULT_KEEP_IDLE`](crate::DEFAULT_KEEP_IDLE), an hour). A backend whose counters
+    /// restart from its clock relies on that clock never stepping back by as much.
+    fn with_keep_idle(mut self, keep: Duration) -> Self {
+        self.common_mut().keep_idle = keep;
+        self
+    }
+
+    /// How often the client sweeps idle names in the background (default
+    /// [`DEFAULT_SWEEP_EVERY`](crate::DEFAULT_SWEEP_EVERY)); `None` never does
+    /// ([`Locker::sweep`](crate::Locker::sweep) still sweeps on demand).
+    fn with_sweep_every(mut self, every: Option<Duration>) -> Self {
+        self.common_mut().sweep_every = every;
+        self
+    }
+
+    /// See [`with_keep_idle`](ConnectConfig::with_keep_idle).
+    fn keep_idle(&self) -> Duration {
+        self.common().keep_idle
+    }
+
+    /// See [`with_sweep_every`](ConnectConfig::with_sweep_every).
+    fn sweep_every(&self) -> Option<Duration> {
+        self.common().sweep_every
     }
 
     /// See [`with_connect_timeout`](ConnectConfig::with_connect_timeout).
@@ -199,6 +266,8 @@ mod tests {
             "prefix=",
             "prefix=%zz",
             "op_timeout=99999999999999h",
+            "keep_idle=0s",
+            "sweep_every=never",
         ] {
             assert!(matches!(ConnectOptions::from_query(q), Err(LockError::InvalidInput(_))), "{q}");
         }
@@ -207,5 +276,23 @@ mod tests {
     #[test]
     fn defaults_when_empty() {
         assert_eq!(ConnectOptions::from_query("").unwrap(), (ConnectOptions::default(), vec![]));
+    }
+
+    #[test]
+    fn keep_time_and_sweeps() {
+        let (opts, _) = ConnectOptions::from_query("keep_idle=90s&sweep_every=off").unwrap();
+        assert_eq!((opts.keep_idle, opts.sweep_every), (Duration::from_secs(90), None));
+        assert_eq!(opts.client_config().sweep_every, None);
+        let (opts, _) = ConnectOptions::from_query("sweep_every=2m").unwrap();
+        assert_eq!(opts.sweep_every, Some(Duration::from_secs(120)));
+        assert!(opts.validate().is_ok());
+        for bad in [
+            ConnectOptions { keep_idle: Duration::ZERO, ..ConnectOptions::default() },
+            ConnectOptions { keep_idle: crate::MAX_DURATION * 2, ..ConnectOptions::default() },
+            ConnectOptions { sweep_every: Some(Duration::ZERO), ..ConnectOptions::default() },
+            ConnectOptions { op_timeout: Duration::ZERO, ..ConnectOptions::default() },
+        ] {
+            assert!(matches!(bad.validate(), Err(LockError::InvalidInput(_))), "{bad:?}");
+        }
     }
 }

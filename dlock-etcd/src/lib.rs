@@ -143,7 +143,7 @@ mod registry;
 mod results;
 mod session;
 
-use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
+use dlock_core::{Client, ConnectConfig, LockError};
 
 pub use backend::EtcdBackend;
 #[cfg(feature = "bench")]
@@ -164,5 +164,5 @@ pub type EtcdLocker = Client<EtcdBackend>;
 pub async fn connect(config: EtcdConfig) -> Result<EtcdLocker, LockError> {
     let cluster = connect::open(&config).await?;
     let backend = EtcdBackend::new(cluster, config.prefix().to_string(), config.op_timeout(), &config.endpoints());
-    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
+    Ok(Client::with_config(backend, config.common().client_config()))
 }

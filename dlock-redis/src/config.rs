@@ -5,9 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{
-    parse_duration, BackendUrl, ConnectConfig, ConnectOptions, HostPort, LockError, DEFAULT_KEEP_IDLE, MAX_DURATION,
-};
+use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, HostPort, LockError};
 
 use crate::access::{AccessConfig, ServerAccess};
 use crate::keys::KeyLayout;
@@ -91,7 +89,6 @@ pub struct RedisConfig {
     sentinel_password: Option<String>,
     common: ConnectOptions,
     replica_ack: Option<ReplicaAck>,
-    keep_idle: Duration,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -103,7 +100,6 @@ impl fmt::Debug for RedisConfig {
             .field("sentinel_password", &self.sentinel_password.as_ref().map(|_| "<redacted>"))
             .field("common", &self.common)
             .field("replica_ack", &self.replica_ack)
-            .field("keep_idle", &self.keep_idle)
             .finish()
     }
 }
@@ -132,7 +128,6 @@ impl RedisConfig {
             sentinel_password: None,
             common: ConnectOptions::default(),
             replica_ack: None,
-            keep_idle: DEFAULT_KEEP_IDLE,
         }
     }
 
@@ -149,7 +144,7 @@ impl RedisConfig {
     /// `wait_replicas=N` with `wait_timeout=<duration>` (default 100ms) to demand that N
     /// replicas acknowledge each grant and renewal; `keep_idle=<duration>`, how long a
     /// name's fence counter outlives its last use (default an hour, see
-    /// [`with_keep_idle`](Self::with_keep_idle)); `tls_ca=<path>`, a PEM file of the CA
+    /// [`ConnectConfig::with_keep_idle`]); `tls_ca=<path>`, a PEM file of the CA
     /// certificates to trust instead of the system's (with `rediss`). Unknown options are
     /// `InvalidInput`.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
@@ -207,7 +202,6 @@ impl RedisConfig {
                     replicas = Some(value.parse::<u32>().map_err(|_| bad("wait_replicas must be a number"))?);
                 }
                 "wait_timeout" => wait_timeout = Some(parse_duration(&value)?),
-                "keep_idle" => config.keep_idle = parse_duration(&value)?,
                 "sentinel_username" => config.sentinel_user = Some(value),
                 "sentinel_password" => config.sentinel_password = Some(value),
                 other => return Err(bad(&format!("unknown option {other:?}"))),
@@ -249,10 +243,7 @@ impl RedisConfig {
         if matches!(self.topology, Topology::Cluster(_)) && self.access.db != 0 {
             return bad("a Redis Cluster has only database 0".into());
         }
-        if self.connect_timeout().is_zero() || self.op_timeout().is_zero() {
-            return bad("timeouts must be above zero".into());
-        }
-        check_keep_idle(self.keep_idle)?;
+        self.common.validate()?;
         if let Some(ack) = self.replica_ack {
             if ack.replicas == 0 {
                 return bad("wait_replicas must be at least 1".into());
@@ -310,32 +301,6 @@ impl RedisConfig {
     pub fn with_replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_ack = Some(ReplicaAck { replicas, timeout });
         self
-    }
-
-    /// Keeps each name's fence counter for `keep` after the name's last grant, renewal
-    /// or release (default [`DEFAULT_KEEP_IDLE`], an hour; URL option `keep_idle`), so
-    /// that names nobody uses any more leave nothing behind. A grant that finds the
-    /// counter gone starts it again from the server's clock in microseconds: tokens never
-    /// go back as long as the server's clock never steps back by `keep`. At least 1 ms.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dlock_redis::RedisConfig;
-    ///
-    /// let config = RedisConfig::single("cache.internal", 6379).with_keep_idle(Duration::from_secs(600));
-    /// assert_eq!(config.keep_idle(), Duration::from_secs(600));
-    /// assert_eq!(config, RedisConfig::from_url("redis://cache.internal?keep_idle=10m")?);
-    /// assert!(RedisConfig::from_url("redis://cache.internal?keep_idle=0s").is_err());
-    /// # Ok::<(), dlock_core::LockError>(())
-    /// ```
-    pub fn with_keep_idle(mut self, keep: Duration) -> Self {
-        self.keep_idle = keep;
-        self
-    }
-
-    /// How long a name's fence counter outlives its last use.
-    pub fn keep_idle(&self) -> Duration {
-        self.keep_idle
     }
 
     /// Where the locks live, without credentials: the scheme, the server (the Cluster's
@@ -468,14 +433,6 @@ pub(crate) fn sorted(nodes: &[Node]) -> String {
     nodes.join(",")
 }
 
-/// Refuses a keep time no server takes: zero, or beyond [`MAX_DURATION`].
-pub(crate) fn check_keep_idle(keep: Duration) -> Result<(), LockError> {
-    if keep < Duration::from_millis(1) || keep > MAX_DURATION {
-        return Err(LockError::InvalidInput(format!("keep_idle {keep:?} must be at least 1ms and at most a year")));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -590,7 +547,7 @@ mod tests {
         let c = RedisConfig::from_url("redis://h?keep_idle=90s").unwrap();
         assert_eq!(c.keep_idle(), Duration::from_secs(90));
         assert_eq!(c, RedisConfig::single("h", DEFAULT_PORT).with_keep_idle(Duration::from_secs(90)));
-        for keep in [Duration::ZERO, Duration::from_micros(999), MAX_DURATION + Duration::from_secs(1)] {
+        for keep in [Duration::ZERO, Duration::from_micros(999), dlock_core::MAX_DURATION + Duration::from_secs(1)] {
             let err = RedisConfig::single("h", 1).with_keep_idle(keep).validate();
             assert!(matches!(err, Err(LockError::InvalidInput(_))), "{keep:?}");
         }

@@ -257,7 +257,7 @@ pub mod redlock;
 pub mod results;
 pub mod scripts;
 
-use dlock_core::{Client, ClientConfig, LockError};
+use dlock_core::{Client, LockError};
 
 pub use access::{AccessConfig, ServerAccess};
 pub use backend::{RedisBackend, RedisTicket, CAPABILITIES};
@@ -295,7 +295,7 @@ pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
     let backend = RedisBackend::new(connected.commands, layout, subscriptions, replica_ack)
         .with_keep_idle(config.keep_idle())
         .with_target(config.target());
-    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
+    Ok(Client::with_config(backend, config.common().client_config()))
 }
 
 /// The raw baseline of `dlock bench`: the same script calls an uncontended acquire and

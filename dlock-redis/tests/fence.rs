@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dlock_core::{HoldKind, LockName, LockOptions, Locker};
 use dlock_redis::redlock::{self, TokenSource};
-use dlock_redis::{KeyLayout, Node};
+use dlock_redis::{ConnectConfig, KeyLayout, Node};
 use dlock_testkit::supervisor::redis::{RedisConfig as ServerConfig, RedisMasters, RedisServer};
 use redis::aio::MultiplexedConnection;
 

@@ -18,7 +18,7 @@
 //! that takes the lock, on the holding session, so tokens increase in grant order and
 //! survive restarts. The statement also records when (`used_us`): a sweep deletes the row
 //! of a name that no session holds and that was last granted before the keep time
-//! ([`SqlConfig::with_keep_idle`](crate::SqlConfig::with_keep_idle)), taking the lock
+//! ([`ConnectConfig::with_keep_idle`](dlock_core::ConnectConfig::with_keep_idle)), taking the lock
 //! itself while it deletes, and a row made again starts its fence at the database's clock
 //! in microseconds, above the tokens of the row it replaces. A client that still knows the
 //! id of a deleted row learns of it from its next try and looks the name up again.
@@ -51,8 +51,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::backend::{lock_unpoisoned, Attempt, Backend, LostSignal, Release, Renewal, Request};
 use dlock_core::{
-    Capabilities, Client, ClientConfig, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId,
-    StoredResult, Swept,
+    Capabilities, Client, FencingToken, Holder, LockError, LockInfo, LockName, LostReason, OwnerId, StoredResult, Swept,
 };
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::watch;
@@ -73,9 +72,9 @@ pub type AdvisoryLocker = Client<AdvisoryBackend>;
 /// Connects an advisory-lock client (PostgreSQL or MySQL/MariaDB): `Unavailable` within the
 /// connect timeout when the database cannot be reached; `InvalidInput` for SQLite.
 pub async fn connect_advisory(config: SqlConfig) -> Result<AdvisoryLocker, LockError> {
-    let op_timeout = config.common.op_timeout;
+    let client = config.common.client_config();
     let backend = AdvisoryBackend::connect(config).await?;
-    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(op_timeout)))
+    Ok(Client::with_config(backend, client))
 }
 
 /// The advisory-lock backend of one client (see the module docs).
@@ -616,9 +615,9 @@ impl Backend for AdvisoryBackend {
     }
 
     /// Deletes expired results and the rows of names no session holds that were last
-    /// granted before the keep time ([`SqlConfig::with_keep_idle`]), up to a batch of each.
+    /// granted before the keep time ([`ConnectConfig::with_keep_idle`](dlock_core::ConnectConfig::with_keep_idle)), up to a batch of each.
     async fn sweep(&self) -> Result<Swept, LockError> {
-        let keep_us = crate::lease::ttl_us(self.shared.conn.config().keep_idle());
+        let keep_us = crate::lease::ttl_us(self.shared.conn.config().common.keep_idle);
         let args = Args { keep_us, ..Args::name("") };
         let mut swept = Swept::default();
         for stmt in [&self.shared.results.sweep, &self.shared.sql.sweep] {

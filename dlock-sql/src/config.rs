@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError, DEFAULT_KEEP_IDLE};
+use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError};
 
 /// The SQL dialects this crate speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,7 +69,7 @@ pub(crate) enum Target {
 /// (`lease` or `advisory`), `busy_timeout` (SQLite: how long a statement waits for the
 /// file's write lock, default the operation timeout), `keep_idle` (how long the row of a
 /// name nobody uses any more is kept after its last hold ended, default an hour; see
-/// [`with_keep_idle`](Self::with_keep_idle)). Durations read as `500ms`, `5s`, `2m`,
+/// [`ConnectConfig::with_keep_idle`]). Durations read as `500ms`, `5s`, `2m`,
 /// `1h`. Unknown options are rejected.
 ///
 /// ```
@@ -99,7 +99,6 @@ pub struct SqlConfig {
     pub(crate) create_table: bool,
     pub(crate) kind: LockKind,
     pub(crate) busy_timeout: Option<Duration>,
-    pub(crate) keep_idle: Duration,
     pub(crate) credentials: Option<(String, String)>,
 }
 
@@ -118,7 +117,6 @@ impl std::fmt::Debug for SqlConfig {
             .field("create_table", &self.create_table)
             .field("kind", &self.kind)
             .field("busy_timeout", &self.busy_timeout)
-            .field("keep_idle", &self.keep_idle)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
             .finish()
     }
@@ -168,7 +166,6 @@ impl SqlConfig {
                     }
                 }
                 "busy_timeout" => config.busy_timeout = Some(parse_duration(&value)?),
-                "keep_idle" => config.keep_idle = parse_duration(&value)?,
                 _ => return Err(LockError::InvalidInput(format!("unknown option {key:?} in a SQL URL"))),
             }
         }
@@ -197,15 +194,16 @@ impl SqlConfig {
             create_table: true,
             kind: LockKind::Lease,
             busy_timeout: None,
-            keep_idle: DEFAULT_KEEP_IDLE,
             credentials: None,
         }
     }
 
-    /// Checks the table prefix ([`ConnectConfig::with_prefix`]): letters, digits and `_`,
-    /// starting with a letter or `_`, at most 40 bytes; anything else is `InvalidInput`.
-    /// The URL parser and every connect check it.
+    /// Checks the common options ([`ConnectOptions::validate`]) and the table prefix
+    /// ([`ConnectConfig::with_prefix`]): letters, digits and `_`, starting with a letter or
+    /// `_`, at most 40 bytes; anything else is `InvalidInput`. The URL parser and every
+    /// connect check it.
     pub(crate) fn check_prefix(&self) -> Result<(), LockError> {
+        self.common.validate()?;
         let prefix = &self.common.prefix;
         let valid = !prefix.is_empty()
             && prefix.len() <= 40
@@ -244,26 +242,6 @@ impl SqlConfig {
     /// operation timeout).
     pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = Some(timeout);
-        self
-    }
-
-    /// How long a sweep keeps the rows of a name nobody uses any more (no live hold, no
-    /// waiter) after its last hold ended, by release or expiry (default
-    /// [`DEFAULT_KEEP_IDLE`], an hour; a zero keep is taken as 1 ms). The name's lease row
-    /// (with its fence counter) and, for the advisory locker, its counter row go then; a
-    /// name used again starts its fence at the database's clock in microseconds, above
-    /// every token the name had as long as that clock never steps back by the keep time.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dlock_sql::SqlConfig;
-    ///
-    /// let config = SqlConfig::from_url("postgres://app@db/shop")?.with_keep_idle(Duration::from_secs(600));
-    /// assert_eq!(config.keep_idle(), Duration::from_secs(600));
-    /// # Ok::<(), dlock_core::LockError>(())
-    /// ```
-    pub fn with_keep_idle(mut self, keep: Duration) -> Self {
-        self.keep_idle = keep.clamp(Duration::from_millis(1), dlock_core::MAX_DURATION);
         self
     }
 
@@ -314,11 +292,6 @@ impl SqlConfig {
     /// statements use.
     pub fn busy_timeout(&self) -> Duration {
         self.busy_timeout.unwrap_or(self.common.op_timeout)
-    }
-
-    /// See [`with_keep_idle`](Self::with_keep_idle).
-    pub fn keep_idle(&self) -> Duration {
-        self.keep_idle
     }
 
     /// Where the database and `table` are, without credentials: `postgres://host:5432/db
@@ -467,8 +440,11 @@ mod tests {
     fn reads_the_keep_time() {
         let config = SqlConfig::from_url("sqlite::memory:?keep_idle=90s").unwrap();
         assert_eq!(config.keep_idle(), Duration::from_secs(90));
-        assert_eq!(SqlConfig::sqlite_memory().keep_idle(), DEFAULT_KEEP_IDLE);
-        assert_eq!(SqlConfig::sqlite_memory().with_keep_idle(Duration::ZERO).keep_idle(), Duration::from_millis(1));
+        assert_eq!(SqlConfig::sqlite_memory().keep_idle(), dlock_core::DEFAULT_KEEP_IDLE);
+        assert!(matches!(
+            SqlConfig::sqlite_memory().with_keep_idle(Duration::ZERO).check_prefix(),
+            Err(LockError::InvalidInput(_))
+        ));
         for bad in ["sqlite::memory:?keep_idle=0s", "sqlite::memory:?keep_idle=soon", "sqlite::memory:?keep_idle="] {
             assert!(matches!(SqlConfig::from_url(bad), Err(LockError::InvalidInput(_))), "{bad}");
         }

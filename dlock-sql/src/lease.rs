@@ -442,10 +442,10 @@ impl Backend for SqlBackend {
 
     /// Deletes expired results, expired rows of the holds table (holds nobody renewed,
     /// places nobody refreshed) and the lease rows of names idle for the keep time
-    /// ([`SqlConfig::with_keep_idle`]), up to a batch of each.
+    /// ([`ConnectConfig::with_keep_idle`](dlock_core::ConnectConfig::with_keep_idle)), up to a batch of each.
     async fn sweep(&self) -> Result<Swept, LockError> {
         let sql = &self.shared.sql;
-        let args = Args { keep_us: ttl_us(self.config().keep_idle()), ..Args::name("") };
+        let args = Args { keep_us: ttl_us(self.config().common.keep_idle), ..Args::name("") };
         let mut swept = Swept::default();
         // Holds first: a name whose last hold has just been swept may go in the same call.
         for stmt in [&sql.results.sweep, &sql.sweep.holds, &sql.sweep.leases] {

@@ -74,12 +74,12 @@
 //! sessions end.
 //!
 //! **What stays per name, and for how long**: a name's lease row (its fence counter) for
-//! the keep time ([`SqlConfig::with_keep_idle`], `keep_idle=`, an hour by default) after
+//! the keep time ([`ConnectConfig::with_keep_idle`](dlock_core::ConnectConfig::with_keep_idle), `keep_idle=`, an hour by default) after
 //! its last hold ended, by release or expiry, and while any hold or waiter's place of it
 //! is live; a row of the holds table until it expires (a hold's ttl, a place's lapse); a
 //! stored result until its retention ends; for the advisory locker, the name's counter row
 //! for the keep time after its last grant, and while a session holds its lock. The client
-//! sweeps ([`Locker::sweep`], and in the background every [`ClientConfig::sweep_every`]):
+//! sweeps ([`Locker::sweep`], and in the background every [`ConnectConfig::with_sweep_every`](dlock_core::ConnectConfig::with_sweep_every)):
 //! each call deletes up to 1,000 rows of each table, using the indexes on `expires_us`
 //! (lease and holds tables) and `used_us` (advisory table) that connecting creates where
 //! they are missing. A sweep judges a row as it is when it locks it, and every grant
@@ -98,10 +98,8 @@
 //!
 //! **Upgrading from an earlier version**: its clients make a missing row with the counter
 //! at 0 or 1, and answer the holds table's `permit:<n>` rows with an error. Until none of
-//! them runs against the tables, sweep nothing (build this version's clients with
-//! [`ClientConfig::sweep_every`] at `None`, through
-//! `Client::with_config(SqlBackend::connect(config).await?, client_config)`) and take no
-//! permits with this version.
+//! them runs against the tables, sweep nothing (URL option `sweep_every=off`, or
+//! [`ConnectConfig::with_sweep_every`](dlock_core::ConnectConfig::with_sweep_every) at `None`) and take no permits with this version.
 //!
 //! URLs: `postgres://user:pass@host:5432/db`, `mysql://user:pass@host:3306/db` (also
 //! `mariadb://`), `sqlite://relative/path.db`, `sqlite:///absolute/path.db`,
@@ -145,7 +143,7 @@ mod wake;
 
 use std::sync::Arc;
 
-use dlock_core::{Client, ClientConfig, LockError, Locker};
+use dlock_core::{Client, LockError, Locker};
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use advisory::{connect_advisory, AdvisoryBackend, AdvisoryHold, AdvisoryLocker, AdvisoryTicket};
@@ -164,9 +162,9 @@ pub type SqlLocker = Client<SqlBackend>;
 /// Connects a lease-table client (see [`SqlConfig`]): `Unavailable` within the connect
 /// timeout when the database cannot be reached.
 pub async fn connect(config: SqlConfig) -> Result<SqlLocker, LockError> {
-    let op_timeout = config.common.op_timeout;
+    let client = config.common.client_config();
     let backend = SqlBackend::connect(config).await?;
-    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(op_timeout)))
+    Ok(Client::with_config(backend, client))
 }
 
 /// Connects the kind of client the config asks for (`lock=lease` or `lock=advisory`).

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::{Kind, SqlFixture, IDLE};
 use dlock_conformance::properties::eventually;
-use dlock_core::{LockName, LockOptions, Locker, MAX_PLACE_LAPSE};
+use dlock_core::{ConnectConfig, LockName, LockOptions, Locker, MAX_PLACE_LAPSE};
 
 fn unique(prefix: &str) -> LockName {
     LockName::new(format!("{prefix}/{:016x}", fastrand::u64(..))).expect("name")

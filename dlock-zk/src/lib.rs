@@ -171,7 +171,7 @@ pub use config::{Host, ZkConfig, DEFAULT_PORT, DEFAULT_ROOT, SCHEME};
 pub use dlock_core::ConnectConfig;
 pub use error::ZkRequestError;
 
-use dlock_core::{Client, ClientConfig, LockError};
+use dlock_core::{Client, LockError};
 
 /// A lock client over ZooKeeper.
 pub type ZkLocker = Client<ZkBackend>;
@@ -179,9 +179,9 @@ pub type ZkLocker = Client<ZkBackend>;
 /// Connects to the ensemble the configuration names. Fails with `Unavailable` within the
 /// connect timeout when no member can be reached.
 pub async fn connect(config: ZkConfig) -> Result<ZkLocker, LockError> {
-    let op_timeout = config.op_timeout();
+    let client = config.common().client_config();
     let backend = ZkBackend::connect(config).await?;
-    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(op_timeout)))
+    Ok(Client::with_config(backend, client))
 }
 
 /// The raw baseline of this backend for `dlock bench` (see [`ZkBaseline`]).

@@ -5,12 +5,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use dlock_core::{
-    parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError, DEFAULT_KEEP_IDLE, MAX_DURATION,
-};
+use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError, MAX_DURATION};
 
 use crate::access::{AccessConfig, ServerAccess};
-use crate::config::{check_keep_idle, sorted, Node, RedisConfig, DEFAULT_PORT};
+use crate::config::{sorted, Node, RedisConfig, DEFAULT_PORT};
 use crate::keys::KeyLayout;
 
 /// The URL schemes of RedLock: `redlock://` and, with TLS to every node, `redlocks://`.
@@ -83,14 +81,13 @@ pub struct RedLockConfig {
     drift_fixed: Duration,
     retry_delay: Duration,
     token_source: TokenSource,
-    keep_idle: Duration,
 }
 
 impl RedLockConfig {
     /// RedLock over these masters, with the defaults: the timeouts and prefix of
     /// [`ConnectOptions`], a [`DEFAULT_NODE_TIMEOUT`] per node, a drift allowance of
     /// 1% of the ttl + 2 ms, a [`DEFAULT_RETRY_DELAY`], [`TokenSource::Clock`], and fence
-    /// counters kept for [`DEFAULT_KEEP_IDLE`] after a name's last use.
+    /// counters kept for [`DEFAULT_KEEP_IDLE`](dlock_core::DEFAULT_KEEP_IDLE) after a name's last use.
     pub fn new(nodes: impl IntoIterator<Item = Node>) -> Self {
         RedLockConfig {
             nodes: nodes.into_iter().collect(),
@@ -101,7 +98,6 @@ impl RedLockConfig {
             drift_fixed: Duration::from_millis(2),
             retry_delay: DEFAULT_RETRY_DELAY,
             token_source: TokenSource::Clock,
-            keep_idle: DEFAULT_KEEP_IDLE,
         }
     }
 
@@ -116,7 +112,7 @@ impl RedLockConfig {
     /// bound of the random delay after a split vote, default 50ms); `tokens=clock|read`
     /// (see [`TokenSource`]); `keep_idle` (how long a name's fence counter outlives its
     /// last use on each node, default an hour; see
-    /// [`with_keep_idle`](Self::with_keep_idle)); `tls_ca=<path>`. Unknown options are
+    /// [`ConnectConfig::with_keep_idle`]); `tls_ca=<path>`. Unknown options are
     /// `InvalidInput`.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         let parsed = BackendUrl::parse(url, DEFAULT_PORT)?;
@@ -147,7 +143,6 @@ impl RedLockConfig {
                     config.drift_fixed = if value.trim() == "0" { Duration::ZERO } else { parse_duration(&value)? }
                 }
                 "retry_delay" => config.retry_delay = parse_duration(&value)?,
-                "keep_idle" => config.keep_idle = parse_duration(&value)?,
                 "tokens" => {
                     config.token_source = match value.as_str() {
                         "clock" => TokenSource::Clock,
@@ -180,7 +175,8 @@ impl RedLockConfig {
             return bad(format!("RedLock node {twice} is listed twice"));
         }
         self.access.validate("redlocks")?;
-        if self.connect_timeout().is_zero() || self.op_timeout().is_zero() || self.node_timeout.is_zero() {
+        self.common.validate()?;
+        if self.node_timeout.is_zero() {
             return bad("timeouts must be above zero".into());
         }
         // An attempt is a few fan-outs, each bounded by the node timeout, and must end
@@ -201,7 +197,7 @@ impl RedLockConfig {
         if self.retry_delay.is_zero() || self.retry_delay > MAX_DURATION {
             return bad(format!("retry_delay {:?} must be above zero and sensible", self.retry_delay));
         }
-        check_keep_idle(self.keep_idle)
+        Ok(())
     }
 
     /// How long one call to one node may take before the node counts as not answering.
@@ -233,31 +229,6 @@ impl RedLockConfig {
         self
     }
 
-    /// Keeps each name's fence counter on every node for `keep` after the name's last
-    /// grant, renewal or release there (default [`DEFAULT_KEEP_IDLE`], an hour; URL option
-    /// `keep_idle`), so that names nobody uses any more leave nothing behind. A node
-    /// without a counter grants only proposals above its clock in microseconds: tokens
-    /// never go back as long as no node's clock steps back by `keep`, and no client's or
-    /// node's clock runs ahead of another node's by half of it. At least 1 ms.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use dlock_redis::redlock::RedLockConfig;
-    ///
-    /// let config = RedLockConfig::from_url("redlock://a,b,c?keep_idle=10m")?;
-    /// assert_eq!(config.keep_idle(), Duration::from_secs(600));
-    /// # Ok::<(), dlock_core::LockError>(())
-    /// ```
-    pub fn with_keep_idle(mut self, keep: Duration) -> Self {
-        self.keep_idle = keep;
-        self
-    }
-
-    /// How long a name's fence counter outlives its last use on each node.
-    pub fn keep_idle(&self) -> Duration {
-        self.keep_idle
-    }
-
     /// How far ahead of a clock proposals are made: three node timeouts (the longest a
     /// proposal takes to reach a node after the clock it was made from was read: the
     /// rest of one fan-out, a give-back and the next one), at most half the keep time.
@@ -268,7 +239,7 @@ impl RedLockConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use dlock_redis::redlock::RedLockConfig;
+    /// use dlock_redis::{redlock::RedLockConfig, ConnectConfig};
     ///
     /// let config = RedLockConfig::from_url("redlock://a,b,c?node_timeout=50ms")?;
     /// assert_eq!(config.lead(), Duration::from_millis(150));
@@ -276,7 +247,7 @@ impl RedLockConfig {
     /// # Ok::<(), dlock_core::LockError>(())
     /// ```
     pub fn lead(&self) -> Duration {
-        self.node_timeout.saturating_mul(3).min(self.keep_idle / 2)
+        self.node_timeout.saturating_mul(3).min(self.keep_idle() / 2)
     }
 
     /// Where the locks live, without credentials: the scheme, the masters (in one order,
@@ -506,7 +477,7 @@ mod tests {
         assert_eq!(c.lead(), Duration::from_millis(300));
         assert_eq!(c.clone().with_keep_idle(Duration::from_millis(100)).lead(), Duration::from_millis(50));
         assert!(matches!(c.with_keep_idle(Duration::ZERO).validate(), Err(LockError::InvalidInput(_))));
-        assert_eq!(RedLockConfig::new([Node::new("a", 1)]).keep_idle(), DEFAULT_KEEP_IDLE);
+        assert_eq!(RedLockConfig::new([Node::new("a", 1)]).keep_idle(), dlock_core::DEFAULT_KEEP_IDLE);
     }
 
     #[test]

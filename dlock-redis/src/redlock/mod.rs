@@ -142,7 +142,7 @@ mod quorum;
 pub mod results;
 pub mod token;
 
-use dlock_core::{Client, ClientConfig, ConnectConfig, LockError};
+use dlock_core::{Client, ConnectConfig, LockError};
 
 pub use backend::{RedLockBackend, RedLockHold, RedLockTicket, REDLOCK_CAPABILITIES};
 #[cfg(feature = "bench")]
@@ -163,7 +163,7 @@ pub async fn connect(config: RedLockConfig) -> Result<RedLockLocker, LockError> 
     let layout = KeyLayout::new(config.prefix())?;
     let nodes = nodes::connect(&config).await?;
     let backend = RedLockBackend::new(nodes, layout, &config);
-    Ok(Client::with_config(backend, ClientConfig::with_op_timeout(config.op_timeout())))
+    Ok(Client::with_config(backend, config.common().client_config()))
 }
 
 /// The raw baseline of `dlock bench`: the same script calls an uncontended acquire and
