@@ -71,6 +71,10 @@ impl Leadership {
 /// report a candidate only once its value is stored under its term, so a candidate that
 /// gives up has made sure first that its value is not stored, or has released its lease.
 ///
+/// The value is kept for [`MAX_DURATION`] (a year), since a term may last that long: an
+/// election's name keeps one small record for a year after its last term, then sweeps
+/// remove it. Elections are few names, unlike idempotency keys.
+///
 /// ```
 /// use dlock_core::{campaign, memory::MemoryStore, observe, LockName, LockOptions};
 ///
