@@ -160,6 +160,12 @@ impl History {
         lock_unpoisoned(&self.kinds).push((at, process, kind));
     }
 
+    /// Says that the holds `process` starts from `at` on are of `kind`: as
+    /// [`set_kind`](Self::set_kind), stamped elsewhere (see [`record_at`](Self::record_at)).
+    pub fn set_kind_at(&self, at: Duration, process: usize, kind: HoldKind) {
+        lock_unpoisoned(&self.kinds).push((at, process, kind));
+    }
+
     /// The kind `process` had set by `at`.
     fn kind_at(kinds: &[(Duration, usize, HoldKind)], process: usize, at: Duration) -> HoldKind {
         kinds.iter().rev().find(|(when, p, _)| *p == process && *when <= at).map_or(HoldKind::Exclusive, |k| k.2)
@@ -235,7 +241,11 @@ impl History {
         }
         for e in self.events() {
             if let (Op::Write, Phase::Ok, Some(token)) = (e.op, e.phase, e.token) {
-                if holds.iter().any(|h| h.start <= e.at && h.token > token) {
+                // The writer's own hold, for its kind: a reader's write is stale only
+                // once a writer (or a hold it may not share with) has been granted.
+                let writer = holds.iter().rev().find(|h| h.process == e.process && h.token == token && h.start <= e.at);
+                let excludes = |h: &HoldSpan| writer.is_none_or(|w| w.excludes(h));
+                if holds.iter().any(|h| h.start <= e.at && h.token > token && excludes(h)) {
                     report.stale_writes.push((e.at, token));
                 }
             }
@@ -284,7 +294,16 @@ fn check_kinds(holds: &[HoldSpan], report: &mut Report) {
 #[derive(Debug)]
 pub struct FencedRegister {
     history: Arc<History>,
-    state: Mutex<(Option<FencingToken>, u64)>,
+    state: Mutex<RegisterState>,
+}
+
+#[derive(Debug, Default)]
+struct RegisterState {
+    /// The highest token accepted from anyone.
+    highest: Option<FencingToken>,
+    /// The highest token accepted from an exclusive holder.
+    highest_exclusive: Option<FencingToken>,
+    value: u64,
 }
 
 /// A write the register refused.
@@ -299,21 +318,32 @@ pub struct StaleToken {
 impl FencedRegister {
     /// An empty register recording into `history`.
     pub fn new(history: Arc<History>) -> Self {
-        FencedRegister { history, state: Mutex::new((None, 0)) }
+        FencedRegister { history, state: Mutex::new(RegisterState::default()) }
     }
 
     /// Writes `value` if `token` is not lower than any token accepted before.
     pub fn write(&self, process: usize, token: FencingToken, value: u64) -> Result<(), StaleToken> {
+        self.write_as(process, token, HoldKind::Exclusive, value)
+    }
+
+    /// Writes `value` from a hold of `kind`: an exclusive holder's write is refused
+    /// below any token accepted before; a shared holder's or a permit holder's only
+    /// below a token an exclusive holder wrote with, since holders that may hold
+    /// together write beside each other in any order.
+    pub fn write_as(&self, process: usize, token: FencingToken, kind: HoldKind, value: u64) -> Result<(), StaleToken> {
         self.history.record(process, Op::Write, Phase::Invoke, Some(token));
         let mut state = lock_unpoisoned(&self.state);
-        if let Some(highest) = state.0 {
-            if token < highest {
-                drop(state);
-                self.history.record(process, Op::Write, Phase::Fail, Some(token));
-                return Err(StaleToken { offered: token, highest });
-            }
+        let bar = if kind == HoldKind::Exclusive { state.highest } else { state.highest_exclusive };
+        if let Some(highest) = bar.filter(|highest| token < *highest) {
+            drop(state);
+            self.history.record(process, Op::Write, Phase::Fail, Some(token));
+            return Err(StaleToken { offered: token, highest });
         }
-        *state = (Some(token), value);
+        state.highest = state.highest.max(Some(token));
+        if kind == HoldKind::Exclusive {
+            state.highest_exclusive = Some(token);
+        }
+        state.value = value;
         drop(state);
         self.history.record(process, Op::Write, Phase::Ok, Some(token));
         Ok(())
@@ -321,7 +351,7 @@ impl FencedRegister {
 
     /// The last value written.
     pub fn value(&self) -> u64 {
-        lock_unpoisoned(&self.state).1
+        lock_unpoisoned(&self.state).value
     }
 }
 
@@ -433,5 +463,33 @@ mod tests {
         // A register that let the stale write through would be caught.
         h.record(0, Op::Write, Phase::Ok, t(1));
         assert_eq!(h.check().stale_writes.len(), 1);
+    }
+
+    #[test]
+    fn readers_write_beside_each_other_but_never_past_a_writer() {
+        let h = History::new();
+        let reg = FencedRegister::new(h.clone());
+        for (p, kind) in [(0, HoldKind::Shared), (1, HoldKind::Shared), (2, HoldKind::Exclusive)] {
+            h.set_kind(p, kind);
+        }
+        h.record(0, Op::Acquire, Phase::Ok, t(1));
+        h.record(1, Op::Acquire, Phase::Ok, t(2));
+        reg.write_as(1, FencingToken::new(2), HoldKind::Shared, 1).unwrap();
+        reg.write_as(0, FencingToken::new(1), HoldKind::Shared, 2).expect("a reader's write beside a newer reader");
+        assert!(h.check().is_clean(), "{:?}", h.check());
+        h.record(0, Op::Release, Phase::Invoke, None);
+        h.record(1, Op::Release, Phase::Invoke, None);
+        h.record(2, Op::Acquire, Phase::Ok, t(3));
+        reg.write_as(2, FencingToken::new(3), HoldKind::Exclusive, 3).unwrap();
+        assert!(reg.write_as(1, FencingToken::new(2), HoldKind::Shared, 4).is_err(), "a reader past a writer");
+        assert!(h.check().is_clean());
+        // A register that let it through would be caught.
+        h.record(1, Op::Write, Phase::Ok, t(2));
+        assert_eq!(h.check().stale_writes.len(), 1);
+        // A writer's write below a reader's token is refused too.
+        let h = History::new();
+        let reg = FencedRegister::new(h.clone());
+        reg.write_as(0, FencingToken::new(5), HoldKind::Shared, 1).unwrap();
+        assert!(reg.write_as(1, FencingToken::new(4), HoldKind::Exclusive, 2).is_err());
     }
 }

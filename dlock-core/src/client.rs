@@ -151,6 +151,29 @@ impl<B: Backend> Client<B> {
         &self.inner.config
     }
 
+    /// Takes the backend and the settings back out of a client that has no clone, so
+    /// that a wrapper backend (counting, tracing, or injecting faults into its calls)
+    /// can be put around it: `Client::with_config(Wrapper(backend), config)`. A client
+    /// that still has clones (or leases, which hold one) is handed back unchanged.
+    ///
+    /// ```
+    /// use dlock_core::{memory::MemoryStore, Client, Locker};
+    ///
+    /// let client = Client::new(MemoryStore::new().backend());
+    /// let spare = client.clone();
+    /// let client = client.into_backend().unwrap_err();
+    /// drop(spare);
+    /// let (backend, config) = client.into_backend().expect("the only handle");
+    /// let rebuilt = Client::with_config(backend, config);
+    /// assert_eq!(rebuilt.backend_name(), "memory");
+    /// ```
+    pub fn into_backend(self) -> Result<(B, ClientConfig), Self> {
+        match Arc::try_unwrap(self.inner) {
+            Ok(inner) => Ok((inner.backend, inner.config)),
+            Err(inner) => Err(Client { inner }),
+        }
+    }
+
     /// A unique id of this client; each acquire's request id (and its default owner) is
     /// `<id>:<n>`.
     pub fn id(&self) -> &str {

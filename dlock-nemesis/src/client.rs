@@ -1,6 +1,7 @@
-//! A client process of a run: loops acquire → fenced write → work → fenced write →
-//! release until the run ends, writing what it did to its events file. It runs in a
-//! process of its own so that the nemesis can pause it.
+//! A client process of a run: loops acquire → fenced writes spread over the hold →
+//! release until the run ends (or runs `idempotent` work, in that mode), writing what it
+//! did to its events file. It runs in a process of its own so that the nemesis can
+//! pause it.
 
 use std::fs::File;
 use std::io::Write;
@@ -8,14 +9,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dlock::{Lease, LockError, LockName, LockOptions, LostReason};
+use dlock::{HoldKind, Lease, LockError, LockName, LockOptions, Locker, LostReason};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::clock::{now_ns, since};
+use crate::mutant::Mutant;
 
 /// What a client is told by the run.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,20 +43,44 @@ pub(crate) struct ClientArgs {
     /// The file to write events to.
     #[arg(long)]
     pub(crate) events: PathBuf,
+    /// What the client does with the lock.
+    #[arg(long, value_enum, default_value_t = Mode::Lock)]
+    pub(crate) mode: Mode,
+    /// A defect this client plants in itself.
+    #[arg(long, value_enum)]
+    pub(crate) mutant: Option<Mutant>,
+}
+
+/// What the clients of a run do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Mode {
+    /// Exclusive holds of one lock.
+    Lock,
+    /// Readers (three in four holds) and writers of one read-write lock.
+    Rw,
+    /// Permits of one semaphore, each hold asking for 1, 2 or 3.
+    Permits,
+    /// `idempotent` work on a few dozen keys: each key's work must run once.
+    Idempotent,
 }
 
 /// The lock every client of a run contends for.
 pub(crate) const LOCK: &str = "nemesis";
 
-struct Log {
+pub(crate) struct Log {
     file: File,
     epoch_ns: u64,
 }
 
 impl Log {
+    /// Another handle on the same file, for a task that logs beside the loop.
+    pub(crate) fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(Log { file: self.file.try_clone()?, epoch_ns: self.epoch_ns })
+    }
+
     /// One line per event, written at once: a client killed or paused mid-run has
     /// everything up to that moment on disk.
-    fn event(&mut self, op: &str, phase: &str, token: Option<u64>, extra: &str) {
+    pub(crate) fn event(&mut self, op: &str, phase: &str, token: Option<u64>, extra: &str) {
         let at = since(self.epoch_ns).as_nanos();
         let token = token.map_or_else(|| "-".to_string(), |t| t.to_string());
         let _ = writeln!(self.file, "{op} {phase} {at} {token} {extra}");
@@ -71,7 +97,7 @@ struct Hold<'a> {
 }
 
 /// `BackendUnavailable` → `backend_unavailable`.
-fn reason_name(reason: LostReason) -> String {
+pub(crate) fn reason_name(reason: LostReason) -> String {
     let mut name = String::new();
     for (i, c) in format!("{reason:?}").chars().enumerate() {
         if c.is_uppercase() && i > 0 {
@@ -86,11 +112,11 @@ fn reason_name(reason: LostReason) -> String {
 ///
 /// A holder that finds its lease lost or run out (it was paused, say) does not write,
 /// and logs that it knows: its hold ends there in the history, whether or not the lost
-/// signal has fired yet.
-async fn write(hold: &mut Hold<'_>, args: &ClientArgs, lease: &Lease) -> bool {
+/// signal has fired yet. Returns whether the hold goes on.
+async fn write(hold: &mut Hold<'_>, args: &ClientArgs, lease: &Lease, kind: HoldKind) -> bool {
     let check = now_ns();
     let remaining = lease.remaining();
-    if lease.is_lost() || remaining.is_zero() {
+    if args.mutant != Some(Mutant::NoSelfCheck) && (lease.is_lost() || remaining.is_zero()) {
         if !hold.lost_logged.swap(true, Ordering::SeqCst) {
             let reason = lease.lost_reason().map_or_else(|| "ran_out".to_string(), reason_name);
             hold.log.event("lost", "ok", Some(lease.token().get()), &reason);
@@ -99,34 +125,114 @@ async fn write(hold: &mut Hold<'_>, args: &ClientArgs, lease: &Lease) -> bool {
     }
     let register = &mut *hold.register;
     let valid_until = check - args.epoch_ns + remaining.as_nanos() as u64;
-    let line = format!("W {} {} {} {}\n", args.id, lease.token().get(), check - args.epoch_ns, valid_until);
+    let line = format!(
+        "W {} {} {} {} {}\n",
+        args.id,
+        lease.token().get(),
+        check - args.epoch_ns,
+        valid_until,
+        kind_spec(kind)
+    );
     if register.is_none() {
         *register = TcpStream::connect(args.register).await.ok().map(BufReader::new);
     }
-    let Some(conn) = register.as_mut() else { return true };
     let mut reply = String::new();
-    let sent = conn.get_mut().write_all(line.as_bytes()).await;
-    if sent.is_err() || conn.read_line(&mut reply).await.is_err() {
+    let sent = match register.as_mut() {
+        Some(conn) => {
+            conn.get_mut().write_all(line.as_bytes()).await.is_ok() && conn.read_line(&mut reply).await.is_ok()
+        }
+        None => false,
+    };
+    if !sent || reply.is_empty() {
+        // The verdict fails a run whose register could not be reached: a write that
+        // went nowhere was judged by nobody.
         *register = None;
+        hold.log.event("unsent", "fail", Some(lease.token().get()), "");
     }
     true
 }
 
-pub(crate) async fn run(args: ClientArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut log = Log { file: File::create(&args.events)?, epoch_ns: args.epoch_ns };
-    let ttl = Duration::from_millis(args.ttl_ms);
-    let name = LockName::new(LOCK)?;
-    let opts = LockOptions::watchdog(ttl).wait(ttl * 3);
-    let locker = loop {
-        match dlock::connect(&args.url).await {
-            Ok(locker) => break locker,
+/// `x` for an exclusive hold, `s` for a shared one, `p<n>` for a permit of `n`.
+pub(crate) fn kind_spec(kind: HoldKind) -> String {
+    match kind {
+        HoldKind::Shared => "s".to_string(),
+        HoldKind::Permit { permits } => format!("p{permits}"),
+        _ => "x".to_string(),
+    }
+}
+
+/// The kind a [`kind_spec`] names.
+pub(crate) fn parse_kind(spec: &str) -> Option<HoldKind> {
+    match spec {
+        "x" => Some(HoldKind::Exclusive),
+        "s" => Some(HoldKind::Shared),
+        _ => spec.strip_prefix('p')?.parse().ok().map(|permits| HoldKind::Permit { permits }),
+    }
+}
+
+/// How long a hold lasts: most are short, one in four outlasts several renewals, so that
+/// renewal and the lost signal are exercised on every backend.
+fn hold_length(rng: &mut fastrand::Rng, ttl: Duration) -> Duration {
+    if rng.u32(..4) == 0 {
+        ttl.mul_f64(0.25 + rng.f64() * 1.75)
+    } else {
+        ttl.mul_f64(rng.f64() / 4.0)
+    }
+}
+
+/// What the next hold asks for, in the run's mode.
+fn next_kind(mode: Mode, rng: &mut fastrand::Rng) -> HoldKind {
+    match mode {
+        Mode::Rw if rng.u32(..4) != 0 => HoldKind::Shared,
+        Mode::Permits => HoldKind::Permit { permits: 1 + rng.u32(..3) },
+        _ => HoldKind::Exclusive,
+    }
+}
+
+async fn connect(args: &ClientArgs, renewals: Arc<AtomicU64>) -> Result<Arc<dyn Locker>, Box<dyn std::error::Error>> {
+    let never_renews = args.mutant == Some(Mutant::NeverRenews);
+    loop {
+        match crate::mutant::connect(&args.url, renewals.clone(), never_renews).await {
+            Ok(locker) => return Ok(locker),
             Err(_) if now_ns() < args.until_ns => tokio::time::sleep(Duration::from_millis(100)).await,
             Err(err) => return Err(err.into()),
         }
-    };
-    let mut register = None;
+    }
+}
+
+pub(crate) async fn run(args: ClientArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut log = Log { file: File::create(&args.events)?, epoch_ns: args.epoch_ns };
+    let renewals = Arc::new(AtomicU64::new(0));
+    let locker = connect(&args, renewals.clone()).await?;
     let mut rng = fastrand::Rng::with_seed(args.id as u64);
+    if args.mode == Mode::Idempotent {
+        crate::work::run(&args, &*locker, &mut log, &mut rng).await?;
+    } else {
+        locks(&args, &*locker, &mut log, &mut rng).await?;
+    }
+    log.event("renewals", "ok", Some(renewals.load(Ordering::Relaxed)), "");
+    Ok(())
+}
+
+/// The loop of the lock modes: acquire, write now and then while holding, release.
+async fn locks(
+    args: &ClientArgs,
+    locker: &dyn Locker,
+    log: &mut Log,
+    rng: &mut fastrand::Rng,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let name = LockName::new(LOCK)?;
+    let mut register = None;
     while now_ns() < args.until_ns {
+        let kind = next_kind(args.mode, rng);
+        let opts = match kind {
+            HoldKind::Shared => LockOptions::watchdog(ttl).read(),
+            HoldKind::Permit { permits } => LockOptions::watchdog(ttl).permits(permits),
+            _ => LockOptions::watchdog(ttl),
+        }
+        .wait(ttl * 3);
+        log.event("kind", "ok", None, &kind_spec(kind));
         log.event("acquire", "invoke", None, "");
         let lease = match locker.acquire(&name, &opts).await {
             Ok(lease) => lease,
@@ -148,7 +254,7 @@ pub(crate) async fn run(args: ClientArgs) -> Result<(), Box<dyn std::error::Erro
         let lost_logged = Arc::new(AtomicBool::new(false));
         let watcher = {
             let handle = lease.handle();
-            let mut log = Log { file: log.file.try_clone()?, epoch_ns: args.epoch_ns };
+            let mut log = log.try_clone()?;
             let lost_logged = lost_logged.clone();
             tokio::spawn(async move {
                 let reason = handle.lost().await;
@@ -157,10 +263,15 @@ pub(crate) async fn run(args: ClientArgs) -> Result<(), Box<dyn std::error::Erro
                 }
             })
         };
-        let mut hold = Hold { register: &mut register, log: &mut log, lost_logged };
-        if write(&mut hold, &args, &lease).await {
-            tokio::time::sleep(ttl.mul_f64(rng.f64() / 4.0)).await;
-            write(&mut hold, &args, &lease).await;
+        let mut hold = Hold { register: &mut register, log: &mut *log, lost_logged };
+        // Writes every quarter ttl or so over the hold, each after the validity check.
+        let until = tokio::time::Instant::now() + hold_length(rng, ttl);
+        while write(&mut hold, args, &lease, kind).await {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            tokio::time::sleep(left.min(ttl.mul_f64(0.1 + rng.f64() * 0.2))).await;
         }
         watcher.abort();
         let _ = watcher.await;

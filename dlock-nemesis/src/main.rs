@@ -6,16 +6,21 @@
 //! cargo run -p dlock-nemesis --release -- --topology redis --clients 8 --duration 10m --seed 1
 //! ```
 //!
-//! Exit codes: 0 a clean run, 1 anomalies found, 2 the run itself failed.
+//! Exit codes: 0 a clean run (or a run of a topology documented unsafe, labelled so),
+//! 1 anomalies found, 2 the run itself failed or proves nothing (no hold, no write, no
+//! fault played, a fault that failed to apply, a register the clients could not reach).
 
 mod client;
 mod clock;
+mod mutant;
 mod plan;
 mod register;
 mod run;
 mod skew;
+mod strike;
 mod topology;
 mod verdict;
+mod work;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,9 +65,19 @@ struct RunArgs {
     /// The clients' lease ttl (watchdog leases); faults last about as long.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     ttl: Duration,
+    /// What the clients do: exclusive holds, readers and writers, permits of mixed
+    /// counts, or `idempotent` work.
+    #[arg(long, value_enum, default_value_t = client::Mode::Lock)]
+    mode: client::Mode,
+    /// Plants a defect the verdict must catch (see the README's nemesis section).
+    #[arg(long, value_enum)]
+    mutant: Option<mutant::Mutant>,
     /// Also write the verdict to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also write every fault played to this file, one JSON object per line.
+    #[arg(long)]
+    timeline: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -84,7 +99,7 @@ fn main() -> ExitCode {
             let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
             let verdict = runtime.map_err(Into::into).and_then(|rt| rt.block_on(run::run(&cli.run)));
             match verdict {
-                Ok(verdict) => {
+                Ok((verdict, timeline)) => {
                     println!("{verdict}");
                     if let Some(path) = &cli.run.json {
                         let text = serde_json::to_string_pretty(&verdict.to_json()).unwrap_or_default();
@@ -93,10 +108,18 @@ fn main() -> ExitCode {
                             return ExitCode::from(2);
                         }
                     }
-                    if verdict.anomalies() == 0 {
-                        ExitCode::SUCCESS
-                    } else {
+                    if let Some(path) = &cli.run.timeline {
+                        if let Err(err) = std::fs::write(path, timeline) {
+                            eprintln!("nemesis: cannot write {}: {err}", path.display());
+                            return ExitCode::from(2);
+                        }
+                    }
+                    if verdict.anomalies() > 0 && verdict.run.unsafe_by_design.is_none() {
                         ExitCode::from(1)
+                    } else if !verdict.proves_nothing().is_empty() {
+                        ExitCode::from(2)
+                    } else {
+                        ExitCode::SUCCESS
                     }
                 }
                 Err(err) => {

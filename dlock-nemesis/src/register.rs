@@ -4,7 +4,7 @@
 //! the verdict.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +13,8 @@ use dlock_conformance::history::{FencedRegister, History};
 use dlock_core::backend::lock_unpoisoned;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::client::parse_kind;
 
 /// A writer's claim, made just before its write: its lease was valid until `valid_until`
 /// as seen at `at`.
@@ -29,6 +31,9 @@ pub(crate) struct Claim {
 pub(crate) struct Register {
     pub(crate) addr: SocketAddr,
     pub(crate) claims: Arc<Mutex<Vec<Claim>>>,
+    /// The process that wrote last, plus one (0 before any write): the one a fault
+    /// aimed at the holder hits.
+    last_writer: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -38,41 +43,61 @@ impl Drop for Register {
     }
 }
 
+struct Shared {
+    register: FencedRegister,
+    values: AtomicU64,
+    claims: Arc<Mutex<Vec<Claim>>>,
+    last_writer: Arc<AtomicUsize>,
+}
+
 impl Register {
     pub(crate) async fn start(history: Arc<History>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let claims = Arc::new(Mutex::new(Vec::new()));
-        let shared = Arc::new((FencedRegister::new(history), AtomicU64::new(0), claims.clone()));
+        let last_writer = Arc::new(AtomicUsize::new(0));
+        let shared = Arc::new(Shared {
+            register: FencedRegister::new(history),
+            values: AtomicU64::new(0),
+            claims: claims.clone(),
+            last_writer: last_writer.clone(),
+        });
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 tokio::spawn(serve(socket, shared.clone()));
             }
         });
-        Ok(Register { addr, claims, task })
+        Ok(Register { addr, claims, last_writer, task })
+    }
+
+    /// The process that wrote last, if any has.
+    pub(crate) fn last_writer(&self) -> Option<usize> {
+        self.last_writer.load(Ordering::Relaxed).checked_sub(1)
     }
 }
 
-type Shared = Arc<(FencedRegister, AtomicU64, Arc<Mutex<Vec<Claim>>>)>;
-
-/// `W <process> <token> <at ns> <valid until ns>` → `OK` or `REFUSED`.
-async fn serve(socket: TcpStream, shared: Shared) {
-    let (register, values, claims) = &*shared;
+/// `W <process> <token> <at ns> <valid until ns> <kind>` → `OK` or `REFUSED`.
+async fn serve(socket: TcpStream, shared: Arc<Shared>) {
     let (read, mut write) = socket.into_split();
     let mut lines = BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let fields: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
-        let [process, token, at, valid_until] = fields[..] else { break };
+        let fields: Vec<&str> = line.split_whitespace().skip(1).collect();
+        let [process, token, at, valid_until, kind] = fields[..] else { break };
+        let (Ok(process), Ok(token), Ok(at), Ok(valid_until), Some(kind)) =
+            (process.parse::<usize>(), token.parse(), at.parse(), valid_until.parse(), parse_kind(kind))
+        else {
+            break;
+        };
         let token = FencingToken::new(token);
-        let process = process as usize;
-        lock_unpoisoned(claims).push(Claim {
+        lock_unpoisoned(&shared.claims).push(Claim {
             process,
             token,
             at: Duration::from_nanos(at),
             valid_until: Duration::from_nanos(valid_until),
         });
-        let value = values.fetch_add(1, Ordering::Relaxed);
-        let reply = match register.write(process, token, value) {
+        shared.last_writer.store(process + 1, Ordering::Relaxed);
+        let value = shared.values.fetch_add(1, Ordering::Relaxed);
+        let reply = match shared.register.write_as(process, token, kind, value) {
             Ok(()) => "OK\n",
             Err(_) => "REFUSED\n",
         };

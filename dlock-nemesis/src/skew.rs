@@ -32,22 +32,27 @@ return 0
 
 /// Sends `EVAL SHORTEN 0 <step_ms>` to the server at `addr` on a fresh connection.
 pub(crate) fn shorten(addr: SocketAddr, step: Duration) -> io::Result<()> {
+    command(addr, &["EVAL", SHORTEN, "0", &step.as_millis().to_string()]).map(drop)
+}
+
+/// Sends one command to the Redis server at `addr` on a fresh connection; its reply's
+/// first line, or an error for an error reply.
+pub(crate) fn command(addr: SocketAddr, args: &[&str]) -> io::Result<String> {
     let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let step = step.as_millis().to_string();
-    let mut command = b"*4\r\n".to_vec();
-    for arg in ["EVAL", SHORTEN, "0", &step] {
-        command.extend(format!("${}\r\n", arg.len()).into_bytes());
-        command.extend(arg.as_bytes());
-        command.extend(b"\r\n");
+    let mut request = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        request.extend(format!("${}\r\n", arg.len()).into_bytes());
+        request.extend(arg.as_bytes());
+        request.extend(b"\r\n");
     }
-    conn.write_all(&command)?;
+    conn.write_all(&request)?;
     let mut reply = String::new();
     BufReader::new(conn).read_line(&mut reply)?;
     if reply.starts_with('-') {
-        return Err(io::Error::other(format!("the clock script failed: {}", reply.trim())));
+        return Err(io::Error::other(format!("{} failed: {}", args[0], reply.trim())));
     }
-    Ok(())
+    Ok(reply.trim().to_string())
 }
 
 /// A server whose clock runs `factor` times too fast, for as long as this value lives.

@@ -18,10 +18,13 @@ use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperEnsemble, Z
 pub(crate) const NAMES: &[&str] = &[
     "sqlite",
     "postgres",
+    "postgres-advisory",
     "mariadb",
     "redis",
     "redis-sentinel",
     "redlock",
+    "redlock-volatile",
+    "redis-sentinel-async",
     "zk",
     "zk-ensemble",
     "etcd",
@@ -43,14 +46,22 @@ pub(crate) enum Topology {
         path: PathBuf,
     },
     Postgres(PostgresServer),
+    /// PostgreSQL's session-level advisory locks (`lock=advisory`) instead of the lease table.
+    PostgresAdvisory(PostgresServer),
     MariaDb(MariaDbServer),
     Redis(RedisServer),
-    /// A master and a replica under three Sentinels; clients list the Sentinels and ask
-    /// for a replica's acknowledgement of every grant and renewal (`wait_replicas=1`).
-    Sentinel(SentinelGroup),
-    /// Five masters, one of which ([`FAST_MASTER`]) has a clock running fast.
+    /// A master and a replica under three Sentinels; clients list the Sentinels and,
+    /// unless `acked` is false, ask for a replica's acknowledgement of every grant and
+    /// renewal (`wait_replicas=1`).
+    Sentinel {
+        group: SentinelGroup,
+        acked: bool,
+    },
+    /// Five masters, one of which ([`FAST_MASTER`]) has a clock running fast; with
+    /// `durable` false, masters keep nothing on disk and restart empty.
     RedLock {
         masters: RedisMasters,
+        durable: bool,
         /// Kept running for as long as the run.
         _fast: FastClock,
     },
@@ -72,9 +83,10 @@ impl Topology {
                 let ensemble = ZooKeeperEnsemble::start_linked(3, &ZooKeeperConfig::default()).await?;
                 return Ok(Topology::ZkEnsemble(ensemble));
             }
-            "redis-sentinel" => {
+            "redis-sentinel" | "redis-sentinel-async" => {
                 let persistent = RedisConfig { persistent: true, ..RedisConfig::default() };
-                return Ok(Topology::Sentinel(SentinelGroup::start(&persistent, "locks").await?));
+                let group = SentinelGroup::start(&persistent, "locks").await?;
+                return Ok(Topology::Sentinel { group, acked: name == "redis-sentinel" });
             }
             _ => {}
         }
@@ -90,12 +102,15 @@ impl Topology {
                 Topology::Sqlite { _dir: dir, path }
             }
             "postgres" => Topology::Postgres(PostgresServer::start(300)?),
+            "postgres-advisory" => Topology::PostgresAdvisory(PostgresServer::start(300)?),
             "mariadb" => Topology::MariaDb(MariaDbServer::start(300)?),
             "redis" => Topology::Redis(RedisServer::start(&persistent)?),
-            "redlock" => {
-                let masters = RedisMasters::start(5, &persistent)?;
+            "redlock" | "redlock-volatile" => {
+                let durable = name == "redlock";
+                let config = if durable { persistent } else { RedisConfig::default() };
+                let masters = RedisMasters::start(5, &config)?;
                 let fast = FastClock::start(masters.addrs()[FAST_MASTER], FAST_FACTOR)?;
-                Topology::RedLock { masters, _fast: fast }
+                Topology::RedLock { masters, durable, _fast: fast }
             }
             "zk" => Topology::ZooKeeper(ZooKeeperServer::start()?),
             "etcd" => Topology::Etcd(EtcdServer::start(&EtcdConfig::default())?),
@@ -118,10 +133,10 @@ impl Topology {
     pub(crate) fn endpoints(&self) -> Vec<SocketAddr> {
         match self {
             Topology::External(_) | Topology::Sqlite { .. } => Vec::new(),
-            Topology::Postgres(s) => vec![s.addr()],
+            Topology::Postgres(s) | Topology::PostgresAdvisory(s) => vec![s.addr()],
             Topology::MariaDb(s) => vec![s.addr()],
             Topology::Redis(s) => vec![s.addr()],
-            Topology::Sentinel(g) => g.sentinel_addrs(),
+            Topology::Sentinel { group, .. } => group.sentinel_addrs(),
             Topology::RedLock { masters: s, .. } => s.addrs(),
             Topology::ZooKeeper(s) => vec![s.addr()],
             Topology::ZkEnsemble(e) => (0..e.size()).map(|i| e.addr(i)).collect(),
@@ -133,7 +148,7 @@ impl Topology {
     /// How many servers the schedule may kill, restart or partition.
     pub(crate) fn servers(&self) -> usize {
         match self {
-            Topology::Sentinel(_) => 2,
+            Topology::Sentinel { .. } => 2,
             other => other.endpoints().len(),
         }
     }
@@ -143,9 +158,74 @@ impl Topology {
         matches!(self, Topology::Redis(_) | Topology::RedLock { .. })
     }
 
-    /// Whether some server's clock runs fast for the whole run.
-    pub(crate) fn fast_clock(&self) -> bool {
-        matches!(self, Topology::RedLock { .. })
+    /// How many times too fast a server's clock runs all run long, if one does.
+    pub(crate) fn fast_clock(&self) -> Option<f64> {
+        matches!(self, Topology::RedLock { .. }).then_some(FAST_FACTOR)
+    }
+
+    /// How many of the servers must agree on a grant: a majority of RedLock's masters,
+    /// else one.
+    pub(crate) fn quorum(&self) -> usize {
+        match self {
+            Topology::RedLock { masters, .. } => masters.addrs().len() / 2 + 1,
+            _ => 1,
+        }
+    }
+
+    /// How many servers going down together lose the quorum, where the backend needs one.
+    pub(crate) fn quorum_loss(&self) -> Option<usize> {
+        match self {
+            Topology::RedLock { masters, .. } => Some(masters.addrs().len() / 2 + 1),
+            Topology::ZkEnsemble(e) => Some(e.size() / 2 + 1),
+            Topology::EtcdCluster(c) => Some(c.addrs().len() / 2 + 1),
+            Topology::Sentinel { .. } => Some(2),
+            _ => None,
+        }
+    }
+
+    /// The leader or primary now, where there is one to aim at.
+    pub(crate) fn leader(&mut self) -> Option<usize> {
+        match self {
+            Topology::ZkEnsemble(e) => e.leader(),
+            Topology::EtcdCluster(c) => c.leader(),
+            Topology::Sentinel { group, .. } => group.master(),
+            _ => None,
+        }
+    }
+
+    /// Why a topology is known to lose grants under the faults the run plays, if it is;
+    /// its runs are labelled so and kept out of the table of safe topologies.
+    pub(crate) fn documented_unsafe(&self) -> Option<&'static str> {
+        match self {
+            Topology::RedLock { durable: false, .. } => {
+                Some("RedLock masters that restart without their data forget the holds they had")
+            }
+            Topology::Sentinel { acked: false, .. } => {
+                Some("a Sentinel failover without wait_replicas may promote a replica that never saw a grant")
+            }
+            _ => None,
+        }
+    }
+
+    /// Makes every server that holds the lock expire keys at twice the pace (the
+    /// `half-ttl` mutant) for as long as the clocks returned live: Redis's servers,
+    /// every RedLock master.
+    pub(crate) fn halve_ttls(&self) -> io::Result<Vec<FastClock>> {
+        let addrs = match self {
+            Topology::Redis(s) => vec![s.addr()],
+            Topology::Sentinel { group, .. } => group.server_addrs(),
+            Topology::RedLock { masters, .. } => masters.addrs(),
+            _ => return Err(io::Error::other("the half-ttl mutant needs a Redis topology")),
+        };
+        addrs.into_iter().map(|addr| FastClock::start(addr, 2.0)).collect()
+    }
+
+    /// The addresses of the servers that keep the lock, reached directly.
+    pub(crate) fn servers_direct(&self) -> Vec<SocketAddr> {
+        match self {
+            Topology::Sentinel { group, .. } => group.server_addrs(),
+            other => other.endpoints(),
+        }
     }
 
     /// Server `i`'s clock jumps forward by `by`: every key with a ttl loses that much.
@@ -165,11 +245,13 @@ impl Topology {
             Topology::External(url) => url.clone(),
             Topology::Sqlite { path, .. } => format!("sqlite://{}", path.display()),
             Topology::Postgres(_) => format!("postgres://postgres@{}/postgres", joined()),
+            Topology::PostgresAdvisory(_) => format!("postgres://postgres@{}/postgres?lock=advisory", joined()),
             Topology::MariaDb(_) => format!("mysql://root@{}/dlock", joined()),
             Topology::Redis(_) => format!("redis://{}", joined()),
-            Topology::Sentinel(g) => {
-                format!("redis+sentinel://{}/{}?wait_replicas=1&wait_timeout=250ms", joined(), g.name())
+            Topology::Sentinel { group, acked: true } => {
+                format!("redis+sentinel://{}/{}?wait_replicas=1&wait_timeout=250ms", joined(), group.name())
             }
+            Topology::Sentinel { group, acked: false } => format!("redis+sentinel://{}/{}", joined(), group.name()),
             Topology::RedLock { .. } => format!("redlock://{}", joined()),
             Topology::ZooKeeper(_) | Topology::ZkEnsemble(_) => format!("zk://{}", joined()),
             Topology::Etcd(_) | Topology::EtcdCluster(_) => format!("etcd://{}", joined()),
@@ -180,10 +262,10 @@ impl Topology {
     pub(crate) fn kill(&mut self, i: usize) {
         match self {
             Topology::External(_) | Topology::Sqlite { .. } => {}
-            Topology::Postgres(s) => s.kill(),
+            Topology::Postgres(s) | Topology::PostgresAdvisory(s) => s.kill(),
             Topology::MariaDb(s) => s.kill(),
             Topology::Redis(s) => s.kill(),
-            Topology::Sentinel(g) => g.kill(i),
+            Topology::Sentinel { group, .. } => group.kill(i),
             Topology::RedLock { masters: s, .. } => s.kill(i),
             Topology::ZooKeeper(s) => s.kill(),
             Topology::ZkEnsemble(e) => e.kill(i),
@@ -196,10 +278,10 @@ impl Topology {
     pub(crate) fn start_again(&mut self, i: usize) -> io::Result<()> {
         match self {
             Topology::External(_) | Topology::Sqlite { .. } => Ok(()),
-            Topology::Postgres(s) => s.start_again(),
+            Topology::Postgres(s) | Topology::PostgresAdvisory(s) => s.start_again(),
             Topology::MariaDb(s) => s.start_again(),
             Topology::Redis(s) => s.start_again(),
-            Topology::Sentinel(g) => g.start_again(i),
+            Topology::Sentinel { group, .. } => group.start_again(i),
             Topology::RedLock { masters: s, .. } => s.start_again(i),
             Topology::ZooKeeper(s) => s.start_again(),
             Topology::ZkEnsemble(e) => e.start_again(i),
@@ -210,7 +292,7 @@ impl Topology {
 
     /// Whether servers can be cut off from each other ([`isolate`](Self::isolate)).
     pub(crate) fn partitions(&self) -> bool {
-        matches!(self, Topology::EtcdCluster(_) | Topology::ZkEnsemble(_) | Topology::Sentinel(_))
+        matches!(self, Topology::EtcdCluster(_) | Topology::ZkEnsemble(_) | Topology::Sentinel { .. })
     }
 
     /// Cuts server `i` off from the other servers (its clients still reach it): etcd's
@@ -221,8 +303,8 @@ impl Topology {
         match self {
             Topology::EtcdCluster(c) => c.isolate(i),
             Topology::ZkEnsemble(e) => e.isolate(i, Fault::Blackhole),
-            Topology::Sentinel(g) => {
-                g.isolate(i);
+            Topology::Sentinel { group, .. } => {
+                group.isolate(i);
                 Ok(())
             }
             _ => Ok(()),
@@ -234,7 +316,7 @@ impl Topology {
         match self {
             Topology::EtcdCluster(c) => c.heal(),
             Topology::ZkEnsemble(e) => e.heal(),
-            Topology::Sentinel(g) => g.heal(),
+            Topology::Sentinel { group, .. } => group.heal(),
             _ => {}
         }
     }

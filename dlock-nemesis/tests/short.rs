@@ -1,77 +1,100 @@
-//! A short nemesis run per topology: any anomaly (a token regression, a stale write
-//! accepted, a grant inside another holder's claimed validity) fails it, and so does a
-//! run that granted nothing.
+//! A short nemesis run per topology and mode: any anomaly (a token regression, a stale
+//! write accepted, a grant beside a holder whose lease was valid by its own clock, work
+//! run twice) fails it, and so does a run that is no evidence. Every schedule opens with
+//! a pause of the holder past its ttl and, where there are servers, a kill of the leader
+//! or primary; the test checks that both happened to a hold and that leases renewed.
 
-use std::process::Command;
+mod common;
 
-/// Runs `nemesis` on `topology` for 20 s with 4 clients and a 1 s ttl, and checks its
-/// JSON verdict.
-fn short_run(topology: &str) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let json = dir.path().join("verdict.json");
-    let output = Command::new(env!("CARGO_BIN_EXE_nemesis"))
-        .args(["--topology", topology, "--clients", "4", "--duration", "20s", "--ttl", "1s", "--seed", "1"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("nemesis runs");
-    let report = String::from_utf8_lossy(&output.stdout);
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "nemesis on {topology} failed ({}):\n{report}\n{log}", output.status);
-    let verdict: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("verdict written")).expect("verdict is JSON");
-    assert_eq!(verdict["anomalies"], 0, "{report}");
-    assert_eq!(verdict["stale_writes_accepted"], 0, "{report}");
-    assert_eq!(verdict["token_regressions"], 0, "{report}");
-    assert!(verdict["holds"].as_u64().unwrap_or(0) >= 10, "too few holds to judge:\n{report}\n{log}");
+use common::nemesis;
+
+fn short_run(topology: &str, extra: &[&str]) {
+    let run = nemesis(topology, "20s", extra);
+    let report = &run.output;
+    assert_eq!(run.code, Some(0), "nemesis on {topology} {extra:?} failed:\n{report}");
+    assert_eq!(run.count("anomalies"), 0, "{report}");
+    assert_eq!(run.count("stale_writes_accepted"), 0, "{report}");
+    assert_eq!(run.count("token_regressions"), 0, "{report}");
+    assert_eq!(run.verdict["proves_nothing"], serde_json::json!([]), "{report}");
+    if extra.contains(&"idempotent") {
+        assert!(run.count("work_runs") >= 10, "too little work to judge:\n{report}");
+        return;
+    }
+    assert!(run.count("holds") >= 10, "too few holds to judge:\n{report}");
+    assert!(run.count("holder_paused_past_ttl") >= 1, "no holder was paused past its ttl:\n{report}");
+    assert!(run.count("renewals") >= 1, "no lease was renewed:\n{report}");
+    assert!(run.count("holds_interrupted") >= 1, "no fault hit a hold:\n{report}");
+    if topology != "sqlite" {
+        assert!(run.count("server_faults_played") >= 1, "no server fault:\n{report}");
+    }
 }
 
 #[test]
 fn sqlite() {
-    short_run("sqlite");
+    short_run("sqlite", &[]);
 }
 
 #[test]
 fn postgres() {
-    short_run("postgres");
+    short_run("postgres", &[]);
+}
+
+#[test]
+fn postgres_advisory() {
+    short_run("postgres-advisory", &[]);
 }
 
 #[test]
 fn mariadb() {
-    short_run("mariadb");
+    short_run("mariadb", &[]);
 }
 
 #[test]
 fn redis() {
-    short_run("redis");
+    short_run("redis", &[]);
 }
 
 #[test]
 fn redlock() {
-    short_run("redlock");
+    short_run("redlock", &[]);
 }
 
 #[test]
 fn zookeeper() {
-    short_run("zk");
+    short_run("zk", &[]);
 }
 
 #[test]
 fn etcd() {
-    short_run("etcd");
+    short_run("etcd", &[]);
 }
 
 #[test]
 fn zookeeper_ensemble() {
-    short_run("zk-ensemble");
+    short_run("zk-ensemble", &[]);
 }
 
 #[test]
 fn etcd_cluster() {
-    short_run("etcd-cluster");
+    short_run("etcd-cluster", &[]);
 }
 
 #[test]
 fn redis_sentinel() {
-    short_run("redis-sentinel");
+    short_run("redis-sentinel", &[]);
+}
+
+#[test]
+fn readers_and_writers_on_redis() {
+    short_run("redis", &["--mode", "rw"]);
+}
+
+#[test]
+fn permits_of_mixed_counts_on_etcd() {
+    short_run("etcd", &["--mode", "permits"]);
+}
+
+#[test]
+fn idempotent_work_on_postgres() {
+    short_run("postgres", &["--mode", "idempotent"]);
 }

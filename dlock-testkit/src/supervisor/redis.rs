@@ -447,6 +447,17 @@ impl SentinelGroup {
         &self.name
     }
 
+    /// The two servers' own addresses (not their fronts), for an operator's commands.
+    pub fn server_addrs(&self) -> Vec<SocketAddr> {
+        self.servers.iter().map(|s| s.addr()).collect()
+    }
+
+    /// The index of the server the Sentinels name as the master now, if one answers.
+    pub fn master(&self) -> Option<usize> {
+        let named = self.sentinels.iter().find_map(|s| s.master_addr().ok())?;
+        self.fronts.iter().position(|front| front.addr() == named)
+    }
+
     /// kill -9 of server `index` (0: the first master, 1: the first replica).
     pub fn kill(&mut self, index: usize) {
         self.servers[index].kill();

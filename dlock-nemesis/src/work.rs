@@ -1,0 +1,60 @@
+//! The `idempotent` mode of a client: runs the work of one of a few dozen keys at a
+//! time, each key's work once, and logs each run and its outcome so that the verdict
+//! can find a key whose work ran again after its result was stored.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use dlock::{idempotent, IdempotentError, IdempotentOptions, LockName, LockOptions, Locker, RunOutcome};
+
+use crate::client::{ClientArgs, Log};
+use crate::clock::now_ns;
+
+/// How many keys the clients share: few enough that duplicates are common.
+pub(crate) const KEYS: usize = 32;
+
+/// Events: `work start` (inside the work, with the run's token), then one of `work ran`
+/// (stored and acknowledged), `work stored` (a stored result answered), `work busy` (a
+/// run was in progress) or `work error`, each with the key as its extra field.
+pub(crate) async fn run(
+    args: &ClientArgs,
+    locker: &dyn Locker,
+    log: &mut Log,
+    rng: &mut fastrand::Rng,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let opts = IdempotentOptions::new().with_lock(LockOptions::watchdog(ttl)).with_retention(Duration::from_secs(3600));
+    while now_ns() < args.until_ns {
+        let key = rng.usize(..KEYS);
+        let name = LockName::new(format!("{}/{key}", crate::client::LOCK))?;
+        let length = ttl.mul_f64(rng.f64() / 2.0);
+        let mut starts = log.try_clone()?;
+        let started = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let work = {
+            let started = started.clone();
+            move |lease: dlock::LeaseHandle| {
+                let token = lease.token().get();
+                started.store(token, std::sync::atomic::Ordering::SeqCst);
+                starts.event("work", "start", Some(token), &key.to_string());
+                async move {
+                    tokio::time::sleep(length).await;
+                    Ok::<_, Infallible>(token)
+                }
+            }
+        };
+        let outcome = idempotent(locker, &name, &opts, work, || 0).await;
+        let started = Some(started.load(std::sync::atomic::Ordering::SeqCst)).filter(|t| *t != 0);
+        let (phase, token) = match outcome {
+            Ok(RunOutcome::Ran(token)) => ("ran", Some(token)),
+            Ok(RunOutcome::Stored(token)) => ("stored", Some(token)),
+            Ok(RunOutcome::InProgress(_)) => ("busy", None),
+            Err(IdempotentError::Work(never)) => match never {},
+            Err(_) => ("error", started),
+        };
+        log.event("work", phase, token, &key.to_string());
+        if phase == "busy" || phase == "error" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
