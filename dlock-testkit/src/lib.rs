@@ -3,7 +3,9 @@
 //! every [`Fault`](dlock_conformance::Fault) between a client and a server ([`proxy`]),
 //! and a throwaway TLS PKI ([`supervisor::tls`]).
 
-pub mod proxy;
+/// The fault proxy, which the conformance crate publishes (its `proxy` feature) for
+/// fixtures outside this workspace.
+pub use dlock_conformance::proxy;
 pub mod supervisor;
 
 // The project README's examples are compiled and run as doc tests here, in a crate that is
