@@ -1,5 +1,27 @@
 //! The `dlock` command: run a command under a distributed lock, demo the oversell story,
 //! inspect a lock, check a live backend against the conformance suite, benchmark backends.
+//!
+//! The command is this crate's binary. As a library it offers one function, [`main`], so
+//! that a backend that lives outside dlock can have its own `dlock` command: register
+//! the driver, then hand over to [`main`]; `dlock check`, `run`, `inspect` and the rest
+//! then reach it by its URL scheme.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use dlock::{memory::MemoryStore, Locker};
+//!
+//! fn connect(_url: String) -> dlock::Connecting {
+//!     Box::pin(async { Ok(Arc::new(MemoryStore::new().client()) as Arc<dyn Locker>) })
+//! }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     if let Err(err) = dlock::register_driver("toy", &["toy"], connect) {
+//!         eprintln!("{err}");
+//!         return std::process::ExitCode::from(64);
+//!     }
+//!     dlock_cli::main()
+//! }
+//! ```
 
 mod bench;
 mod check;
@@ -60,7 +82,10 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-fn main() -> ExitCode {
+/// Runs the `dlock` command with this process's arguments, and returns its exit code
+/// (the codes `dlock --help` lists). Drivers added with [`dlock::register_driver`]
+/// before the call are reachable by their URL schemes.
+pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

@@ -5,23 +5,25 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use dlock_core::memory::MemoryStore;
 #[cfg(feature = "bench")]
 use dlock_core::RawBaseline;
 use dlock_core::{LockError, Locker};
 
-type Connecting = Pin<Box<dyn Future<Output = Result<Arc<dyn Locker>, LockError>> + Send>>;
+/// A connect in progress, as a driver's connect function returns it.
+pub type Connecting = Pin<Box<dyn Future<Output = Result<Arc<dyn Locker>, LockError>> + Send>>;
 #[cfg(feature = "bench")]
 type Baselining = Pin<Box<dyn Future<Output = Result<Box<dyn RawBaseline>, LockError>> + Send>>;
 
-/// How a built-in driver connects; `None` when its feature was not compiled in.
+/// How a driver connects; `None` when its feature was not compiled in.
 #[derive(Clone, Copy)]
 struct Built {
     connect: fn(String) -> Connecting,
+    /// The raw baseline of `dlock bench`, which only the built-in drivers have.
     #[cfg(feature = "bench")]
-    baseline: fn(String) -> Baselining,
+    baseline: Option<fn(String) -> Baselining>,
 }
 
 /// One backend a URL can name.
@@ -63,7 +65,8 @@ impl Driver {
     }
 
     /// The cargo feature of `dlock` that builds this backend in; `None` for the in-process
-    /// memory backend, which is always built.
+    /// memory backend, which is always built, and for drivers added with
+    /// [`register_driver`].
     pub fn feature(&self) -> Option<&'static str> {
         self.feature
     }
@@ -91,7 +94,7 @@ macro_rules! built {
         let built = Some(Built {
             connect: |url| Box::pin(async move { $connect(url).await }),
             #[cfg(feature = "bench")]
-            baseline: |url| Box::pin(async move { $baseline(url).await }),
+            baseline: Some(|url| Box::pin(async move { $baseline(url).await })),
         });
         #[cfg(not(feature = $feature))]
         let built = None;
@@ -109,9 +112,9 @@ pub static DRIVERS: &[Driver] = &[
         built: Some(Built {
             connect: |url| Box::pin(async move { Ok(Arc::new(memory_store(&url)?.client()) as Arc<dyn Locker>) }),
             #[cfg(feature = "bench")]
-            baseline: |url| {
+            baseline: Some(|url| {
                 Box::pin(async move { Ok(Box::new(memory_store(&url)?.raw_baseline()) as Box<dyn RawBaseline>) })
-            },
+            }),
         }),
     },
     Driver {
@@ -160,10 +163,76 @@ pub fn driver(url: &str) -> Result<&'static Driver, LockError> {
         Some((scheme, _)) if !scheme.is_empty() => scheme.to_ascii_lowercase(),
         _ => return Err(LockError::InvalidInput(format!("not a backend URL (no scheme): {url:?}"))),
     };
-    DRIVERS
-        .iter()
+    drivers()
+        .into_iter()
         .find(|driver| driver.schemes.contains(&scheme.as_str()))
         .ok_or_else(|| LockError::InvalidInput(format!("no backend for the scheme {scheme:?} in {url:?}")))
+}
+
+/// Drivers added by [`register_driver`], kept for the life of the process.
+static REGISTERED: RwLock<Vec<&'static Driver>> = RwLock::new(Vec::new());
+
+/// Every driver a URL can name: the built-in ones ([`DRIVERS`]), then those added with
+/// [`register_driver`].
+pub fn drivers() -> Vec<&'static Driver> {
+    let registered = REGISTERED.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    DRIVERS.iter().chain(registered.iter().copied()).collect()
+}
+
+/// Adds a backend that lives outside this crate, so that [`connect`] (and the `dlock`
+/// command built on it, see `dlock_cli::main`) reach it by URL: `connect` gets the
+/// whole URL. Registering is for the life of the process.
+///
+/// Fails with `InvalidInput` when `name` or one of `schemes` is already taken, or when
+/// `schemes` is empty or a scheme is not lower-case ASCII letters, digits, `+`, `-` or
+/// `.` (what a URL scheme may hold).
+///
+/// ```
+/// use std::sync::Arc;
+/// use dlock::{memory::MemoryStore, Locker};
+///
+/// fn connect(_url: String) -> dlock::Connecting {
+///     Box::pin(async { Ok(Arc::new(MemoryStore::new().client()) as Arc<dyn Locker>) })
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock::LockError> {
+/// dlock::register_driver("toy", &["toy"], connect)?;
+/// assert_eq!(dlock::connect("toy://anywhere").await?.backend_name(), "memory");
+/// assert!(dlock::register_driver("toy-again", &["toy"], connect).is_err(), "the scheme is taken");
+/// assert!(dlock::register_driver("redis", &["myredis"], connect).is_err(), "so is the name");
+/// # Ok(()) }
+/// ```
+pub fn register_driver(
+    name: &'static str,
+    schemes: &'static [&'static str],
+    connect: fn(String) -> Connecting,
+) -> Result<(), LockError> {
+    let valid = |scheme: &&str| {
+        !scheme.is_empty()
+            && scheme.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b))
+    };
+    if schemes.is_empty() || !schemes.iter().all(valid) {
+        return Err(LockError::InvalidInput(format!(
+            "a driver needs URL schemes of lower-case letters, digits, '+', '-' or '.': {schemes:?}"
+        )));
+    }
+    let mut registered = REGISTERED.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for known in DRIVERS.iter().chain(registered.iter().copied()) {
+        if known.name == name {
+            return Err(LockError::InvalidInput(format!("a driver named {name:?} exists already")));
+        }
+        if let Some(taken) = schemes.iter().find(|s| known.schemes.contains(s)) {
+            return Err(LockError::InvalidInput(format!("the scheme {taken:?} belongs to the {} driver", known.name)));
+        }
+    }
+    let built = Built {
+        connect,
+        #[cfg(feature = "bench")]
+        baseline: None,
+    };
+    registered.push(Box::leak(Box::new(Driver { name, schemes, feature: None, built: Some(built) })));
+    Ok(())
 }
 
 /// Connects to the backend the URL names and returns it as a [`Locker`].
@@ -189,7 +258,11 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Locker>, LockError> {
 /// `bench` feature).
 #[cfg(feature = "bench")]
 pub async fn raw_baseline(url: &str) -> Result<Box<dyn RawBaseline>, LockError> {
-    (driver(url)?.built()?.baseline)(url.to_string()).await
+    let driver = driver(url)?;
+    let baseline = driver.built()?.baseline.ok_or_else(|| {
+        LockError::Unsupported(format!("the {} driver has no raw baseline to benchmark against", driver.name))
+    })?;
+    baseline(url.to_string()).await
 }
 
 /// `memory://name` names a store shared by every connect in this process.

@@ -12,7 +12,7 @@ pub use dlock_core::{
     DEFAULT_OBSERVE_EVERY, DEFAULT_TTL, MAX_DURATION, MAX_NAME_LEN, MAX_OWNER_LEN, MAX_PERMITS, MAX_RESULT_BYTES,
     MIN_TTL,
 };
-pub use drivers::{connect, driver, Driver, DRIVERS};
+pub use drivers::{connect, driver, drivers, register_driver, Connecting, Driver, DRIVERS};
 /// The raw baselines `dlock bench` measures the library against (the `bench` feature).
 #[cfg(feature = "bench")]
 pub use {dlock_core::RawBaseline, drivers::raw_baseline};
