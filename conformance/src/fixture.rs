@@ -116,6 +116,14 @@ pub trait Faults: Fixture {
 /// A fixture that can stop and restart the backend.
 #[async_trait]
 pub trait Restart: Fixture {
+    /// Why this fixture cannot stop its backend after all, if it cannot: it was pointed
+    /// at a server it did not start (`DLOCK_TEST_*_URL`, a container). The properties
+    /// that need a restart then print this and pass without running; a fixture that
+    /// started its own servers never says so.
+    fn cannot_restart(&self) -> Option<String> {
+        None
+    }
+
     /// Stops the backend (kill -9 of the server, keeping its data).
     async fn stop_backend(&self);
 

@@ -120,7 +120,7 @@ macro_rules! suite_only {
         $crate::suite_only!({ @Faults $fixture } $($($rest)*)?);
     };
     ({ @Restart $fixture:expr } $case:ident : Restart $(, $($rest:tt)*)?) => {
-        $crate::suite_case!($fixture, $case);
+        $crate::suite_restart_case!($fixture, $case);
         $crate::suite_only!({ @Restart $fixture } $($($rest)*)?);
     };
     ({ @Storage $fixture:expr } $case:ident : Storage $(, $($rest:tt)*)?) => {
@@ -129,6 +129,25 @@ macro_rules! suite_only {
     };
     ({ @$want:ident $fixture:expr } $case:ident : $other:ident $(, $($rest:tt)*)?) => {
         $crate::suite_only!({ @$want $fixture } $($($rest)*)?);
+    };
+}
+
+/// One property that stops and restarts the backend, as one test: when the fixture
+/// cannot (see [`Restart::cannot_restart`]), the test says why and passes.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! suite_restart_case {
+    ($fixture:expr, $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            $crate::init_tracing();
+            let fixture = $fixture;
+            if let Some(why) = $crate::Restart::cannot_restart(&fixture) {
+                eprintln!("skipped {}: {why}", stringify!($case));
+                return;
+            }
+            $crate::properties::$case(&fixture).await;
+        }
     };
 }
 

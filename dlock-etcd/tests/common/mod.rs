@@ -166,6 +166,10 @@ impl Faults for EtcdFixture {
 
 #[async_trait]
 impl Restart for EtcdFixture {
+    fn cannot_restart(&self) -> Option<String> {
+        self.server.is_none().then(|| "DLOCK_TEST_ETCD_URL names a server the tests cannot kill".into())
+    }
+
     async fn stop_backend(&self) {
         self.server().kill();
     }

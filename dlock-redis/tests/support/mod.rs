@@ -220,6 +220,14 @@ impl Faults for RedisFixture {
 
 #[async_trait]
 impl Restart for RedisFixture {
+    fn cannot_restart(&self) -> Option<String> {
+        self.server
+            .lock()
+            .unwrap()
+            .is_none()
+            .then(|| "DLOCK_TEST_REDIS_URL names a server the tests cannot kill".into())
+    }
+
     async fn stop_backend(&self) {
         self.with_server("stopping the backend", |server| server.kill());
     }

@@ -223,6 +223,14 @@ impl Faults for RedLockFixture {
 
 #[async_trait]
 impl Restart for RedLockFixture {
+    fn cannot_restart(&self) -> Option<String> {
+        self.masters
+            .lock()
+            .unwrap()
+            .is_none()
+            .then(|| "DLOCK_TEST_REDLOCK_URL names masters the tests cannot kill".into())
+    }
+
     async fn stop_backend(&self) {
         self.with_masters_mut("stopping the backend", |masters| {
             (0..masters.nodes().len()).for_each(|index| masters.kill(index));

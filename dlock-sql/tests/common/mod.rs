@@ -227,6 +227,12 @@ impl SqlFixture {
         (url, link)
     }
 
+    /// Why the backend cannot be stopped, if it cannot: an external server.
+    pub(crate) fn cannot_restart(&self) -> Option<String> {
+        let external = self.db != Kind::Sqlite && self.server.lock().unwrap().is_none();
+        external.then(|| "DLOCK_TEST_POSTGRES_URL / DLOCK_TEST_MYSQL_URL names a server the tests cannot kill".into())
+    }
+
     pub(crate) fn kill(&self) {
         match self.server.lock().unwrap().as_mut().expect("a local server (not DLOCK_TEST_*_URL)") {
             Server::Postgres(s) => s.kill(),
@@ -355,6 +361,10 @@ impl Faults for LeaseFixture {
 
 #[async_trait]
 impl Restart for LeaseFixture {
+    fn cannot_restart(&self) -> Option<String> {
+        self.0.cannot_restart()
+    }
+
     async fn stop_backend(&self) {
         match self.0.db {
             Kind::Sqlite => self.0.cut_all(true),
@@ -440,6 +450,10 @@ impl Faults for AdvisoryFixture {
 
 #[async_trait]
 impl Restart for AdvisoryFixture {
+    fn cannot_restart(&self) -> Option<String> {
+        self.0.cannot_restart()
+    }
+
     async fn stop_backend(&self) {
         self.0.kill();
     }

@@ -190,6 +190,10 @@ impl Faults for ZkFixture {
 
 #[async_trait]
 impl Restart for ZkFixture {
+    fn cannot_restart(&self) -> Option<String> {
+        self.server.is_none().then(|| "DLOCK_TEST_ZOOKEEPER_URL names a server the tests cannot kill".into())
+    }
+
     async fn stop_backend(&self) {
         self.with_server(|server| server.kill());
     }
