@@ -26,6 +26,13 @@ use crate::token::FencingToken;
 /// being valid: the watchdog could not renew it in time, the backend reported it gone, or
 /// a fixed lease ran out. Its read accessors are those of its [`LeaseHandle`].
 ///
+/// A watchdog lease is renewed by a task on the tokio runtime that acquired it, so the
+/// renewals need that runtime alive and running: on a current-thread runtime, they run
+/// only while the thread is inside the runtime (awaiting); a thread that blocks outside
+/// it (`std::thread::sleep`, synchronous I/O, a `block_on` that returned) renews nothing,
+/// and the lease is lost once its ttl passes. A program that is not async should use the
+/// `dlock` crate's `blocking` API, whose renewals run on a thread of their own.
+///
 /// ```
 /// use std::time::Duration;
 /// use dlock_core::{memory::MemoryStore, LockName, LockOptions, Locker};
