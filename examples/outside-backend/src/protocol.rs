@@ -255,7 +255,13 @@ pub(crate) fn decode(field: &str) -> Result<String, String> {
             byte => return Err(format!("a raw byte {byte:#04x} in {field:?}")),
         }
     }
-    String::from_utf8(out).map_err(|_| format!("{field:?} is not UTF-8 once decoded"))
+    let text = String::from_utf8(out).map_err(|_| format!("{field:?} is not UTF-8 once decoded"))?;
+    // One text, one spelling: `%2f`, `%41` or `%+F` would decode, but `encode` never
+    // writes them.
+    if encode(&text) != field {
+        return Err(format!("{field:?} is not in the canonical encoding"));
+    }
+    Ok(text)
 }
 
 /// A duration in whole milliseconds, rounded up: the server must keep a hold at least as
@@ -293,7 +299,7 @@ mod tests {
 
     #[test]
     fn garbage_is_refused_not_panicked_on() {
-        for field in ["%", "%4", "%zz", "a b", "%FF", "é"] {
+        for field in ["%", "%4", "%zz", "a b", "%FF", "é", "%2f", "%41", "%+F"] {
             assert!(decode(field).is_err(), "{field:?}");
         }
         for line in [&b""[..], b"x ACQUIRE", b"7", b"7 ACQUIRE a", b"7 ACQUIRE a b c 0", b"7 RENEW a b -1 5", b"\xff"] {

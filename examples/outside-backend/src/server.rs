@@ -65,7 +65,7 @@ impl LeaseServer {
             map: Arc::new(Mutex::new(Map::default())),
             running: Mutex::new(None),
         };
-        server.serve(listener);
+        server.listen(listener);
         Ok(server)
     }
 
@@ -99,11 +99,11 @@ impl LeaseServer {
             return Ok(());
         }
         let listener = TcpListener::bind(self.addr).await?;
-        self.serve(listener);
+        self.listen(listener);
         Ok(())
     }
 
-    fn serve(&self, listener: TcpListener) {
+    fn listen(&self, listener: TcpListener) {
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(accept(listener, self.map.clone(), stopped));
         let replaced = lock_unpoisoned(&self.running).replace(Running { stop, task });
