@@ -17,6 +17,8 @@
 //!
 //! The properties are not a stable API: new ones are added as the contract grows.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod fixture;
 pub mod history;
 pub mod memory;
