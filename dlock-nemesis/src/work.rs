@@ -10,8 +10,12 @@ use dlock::{idempotent, IdempotentError, IdempotentOptions, LockName, LockOption
 use crate::client::{ClientArgs, Log};
 use crate::clock::now_ns;
 
-/// How many keys the clients share: few enough that duplicates are common.
+/// How many keys the clients share at a time: few enough that duplicates are common.
 pub(crate) const KEYS: usize = 32;
+
+/// How long one set of keys is in use, in ttls: then the clients move on to new keys,
+/// so that work keeps running all run long instead of only answering stored results.
+const GENERATION_TTLS: u32 = 4;
 
 /// Events: `work start` (inside the work, with the run's token), then one of `work ran`
 /// (stored and acknowledged), `work stored` (a stored result answered), `work busy` (a
@@ -25,7 +29,8 @@ pub(crate) async fn run(
     let ttl = Duration::from_millis(args.ttl_ms);
     let opts = IdempotentOptions::new().with_lock(LockOptions::watchdog(ttl)).with_retention(Duration::from_secs(3600));
     while now_ns() < args.until_ns {
-        let key = rng.usize(..KEYS);
+        let generation = crate::clock::since(args.epoch_ns).as_nanos() / (ttl * GENERATION_TTLS).as_nanos();
+        let key = usize::try_from(generation).unwrap_or(usize::MAX / 2 / KEYS) * KEYS + rng.usize(..KEYS);
         let name = LockName::new(format!("{}/{key}", crate::client::LOCK))?;
         let length = ttl.mul_f64(rng.f64() / 2.0);
         let mut starts = log.try_clone()?;
