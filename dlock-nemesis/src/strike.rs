@@ -23,8 +23,9 @@ pub(crate) fn applies(mutant: Mutant, topology: &Topology) -> Result<(), String>
         Mutant::Evict | Mutant::NoSelfCheck => !matches!(topology, Topology::External(_)),
         Mutant::FenceReset | Mutant::NeverRenews if advisory => false,
         // ZooKeeper's and etcd's tokens are the server's own revisions, which nothing
-        // can set back.
-        Mutant::FenceReset => redis || sql,
+        // can set back; RedLock's proposals start from the proposer's clock, above any
+        // counter set back (see dlock-redis's redlock::token).
+        Mutant::FenceReset => (redis && !matches!(topology, Topology::RedLock { .. })) || sql,
         // A ZooKeeper hold lives as long as its session, which the client library keeps
         // alive by itself: a lease renewal there extends nothing on the server.
         Mutant::NeverRenews => !zk && !matches!(topology, Topology::External(_)),
