@@ -75,6 +75,10 @@ impl Backend for Broken {
         self.inner.capabilities()
     }
 
+    fn grants_in_request_order(&self, req: &Request) -> bool {
+        self.inner.grants_in_request_order(req)
+    }
+
     async fn attempt(
         &self,
         req: &Request,

@@ -118,6 +118,20 @@ pub trait Backend: Send + Sync + 'static {
     /// What this backend can do.
     fn capabilities(&self) -> Capabilities;
 
+    /// Whether the backend grants `req` strictly in request order behind every waiter
+    /// queued before it, whichever client they came from (a queue node, a `fair(true)`
+    /// queue). The client then sends every blocking acquire straight to the backend.
+    /// Otherwise (the default) the blocking acquires of one client for one name take
+    /// turns in the client, and only the first of them contends at the backend: a client
+    /// sends one waiter's requests instead of one per task, and its own tasks are
+    /// granted in the order they asked instead of racing each other.
+    ///
+    /// A wrapper around another backend must answer as the backend it wraps.
+    fn grants_in_request_order(&self, req: &Request) -> bool {
+        let _ = req;
+        false
+    }
+
     /// One attempt: grant the lock (free, or already held by `req.owner`), or report
     /// that it is busy. May create or update `ticket` so that later attempts and waits
     /// keep the waiter's place and its wake-up subscription.

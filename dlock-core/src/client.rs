@@ -18,6 +18,7 @@ use crate::backend::{Backend, Request, RequestId};
 use crate::error::LockError;
 use crate::info::{Capabilities, LockInfo};
 use crate::lease::Lease;
+use crate::local_queue::{LocalQueues, Place};
 use crate::locker::Locker;
 use crate::name::{LockName, OwnerId};
 use crate::options::{drift, HoldKind, LockOptions, MAX_DURATION};
@@ -111,6 +112,8 @@ struct Inner<B: Backend> {
     next_request: AtomicU64,
     /// Whether the background sweep has been started.
     sweeping: AtomicBool,
+    /// Where this client's blocking acquires of one name take turns.
+    queues: Arc<LocalQueues>,
 }
 
 /// Lease ids are unique in the process, so that one scheduler map can never confuse two.
@@ -137,6 +140,7 @@ impl<B: Backend> Client<B> {
                 id: uuid::Uuid::new_v4().simple().to_string(),
                 next_request: AtomicU64::new(1),
                 sweeping: AtomicBool::new(false),
+                queues: Arc::default(),
             }),
         }
     }
@@ -210,6 +214,7 @@ impl<B: Backend> Client<B> {
     }
 
     async fn start(&self, name: &LockName, opts: &LockOptions, blocking: bool) -> AcquireResult {
+        let started = Instant::now();
         opts.validate()?;
         self.start_sweeping();
         check_capabilities(self.inner.backend.capabilities(), opts)?;
@@ -241,7 +246,19 @@ impl<B: Backend> Client<B> {
         let in_flight = Some(InFlight::start(&self.inner.stats));
         let run = {
             let cancel = cancel.clone();
-            async move { inner.acquire_loop(&req, &opts, &cancel).await }.instrument(span)
+            async move {
+                let deadline = started + opts.wait_bound().unwrap_or(MAX_DURATION);
+                // Held until this acquire ends: the next local waiter then takes its turn.
+                let place = match inner.take_turn(&req, deadline, &cancel).await {
+                    Ok(place) => place,
+                    Err(outcome) => return outcome,
+                };
+                let queued = place.as_ref().is_some_and(Place::waited);
+                let outcome = inner.acquire_loop(&req, &opts, &cancel, (started, deadline), queued).await;
+                drop(place);
+                outcome
+            }
+            .instrument(span)
         };
         let stats = self.inner.stats.clone();
         let result = Guarded { run: Some(Box::pin(run)), cancel, in_flight, stats: stats.clone() }.await;
@@ -361,14 +378,52 @@ impl<B: Backend> Inner<B> {
         }
     }
 
-    async fn acquire_loop(self: &Arc<Self>, req: &Request, opts: &LockOptions, cancel: &Cancel) -> AcquireResult {
-        let started = Instant::now();
-        let deadline = started + opts.wait_bound().unwrap_or(MAX_DURATION);
+    /// Waits for this acquire's turn among the client's waiters of the same name, where
+    /// the backend does not keep their order itself (see
+    /// [`Backend::grants_in_request_order`]). A try, or an acquire for an explicit owner
+    /// (who may already hold the lock and re-enter it), does not queue: it would wait
+    /// behind waiters that wait for it. `Err` carries how the acquire ends instead: its
+    /// wait bound ran out, or its caller went away.
+    async fn take_turn(
+        &self,
+        req: &Request,
+        deadline: Instant,
+        cancel: &Cancel,
+    ) -> Result<Option<Place>, AcquireResult> {
+        if !req.blocking || !req.owner_is_fresh() || self.backend.grants_in_request_order(req) {
+            return Ok(None);
+        }
+        let mut place = self.queues.join(&req.name);
+        if place.try_turn() {
+            return Ok(Some(place));
+        }
+        self.stats.waiting(true);
+        let ended = tokio::select! {
+            _ = place.turn() => None,
+            _ = cancel.fired() => Some(Ok(None)),
+            _ = tokio::time::sleep_until(deadline) => Some(Err(LockError::Timeout)),
+        };
+        self.stats.waiting(false);
+        match ended {
+            None => Ok(Some(place)),
+            Some(outcome) => Err(outcome),
+        }
+    }
+
+    async fn acquire_loop(
+        self: &Arc<Self>,
+        req: &Request,
+        opts: &LockOptions,
+        cancel: &Cancel,
+        (started, deadline): (Instant, Instant),
+        queued: bool,
+    ) -> AcquireResult {
         let notify = self.backend.capabilities().notify;
         let backoff = opts.retry_backoff();
         let mut ticket: Option<B::Ticket> = None;
         let mut polls = 0u32;
-        let mut handed_off = false;
+        // A waiter whose turn came after a local neighbour let go was handed off to.
+        let mut handed_off = queued;
         loop {
             if cancel.is_fired() {
                 self.abandon(req, ticket).await;

@@ -76,6 +76,7 @@ mod error;
 mod idempotent;
 mod info;
 mod lease;
+mod local_queue;
 mod locker;
 pub mod memory;
 mod multi;

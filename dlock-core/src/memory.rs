@@ -537,6 +537,11 @@ impl Backend for MemoryBackend {
         Capabilities::ALL
     }
 
+    /// Every waiter has a place in the name's one queue, whichever client it came from.
+    fn grants_in_request_order(&self, _req: &Request) -> bool {
+        true
+    }
+
     async fn attempt(
         &self,
         req: &Request,

@@ -110,6 +110,11 @@ impl Backend for ProbeBackend {
         Capabilities::ALL
     }
 
+    /// As the memory backend it drives.
+    fn grants_in_request_order(&self, _req: &Request) -> bool {
+        true
+    }
+
     async fn attempt(
         &self,
         req: &Request,

@@ -58,6 +58,11 @@ impl Backend for EtcdBackend {
         Capabilities::ALL
     }
 
+    /// Every waiter has a key in the name's queue, ordered by create revision, whichever client it came from.
+    fn grants_in_request_order(&self, _req: &Request) -> bool {
+        true
+    }
+
     fn target(&self) -> String {
         self.target.clone()
     }

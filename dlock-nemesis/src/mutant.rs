@@ -103,6 +103,10 @@ impl<B: Backend> Backend for Watched<B> {
         self.inner.capabilities()
     }
 
+    fn grants_in_request_order(&self, req: &Request) -> bool {
+        self.inner.grants_in_request_order(req)
+    }
+
     async fn attempt(
         &self,
         req: &Request,

@@ -461,6 +461,11 @@ impl Backend for RedisBackend {
         CAPABILITIES
     }
 
+    /// A fair acquire always takes a place in the lock's queue; the others race.
+    fn grants_in_request_order(&self, req: &Request) -> bool {
+        PlaceMode::of(req) == PlaceMode::Always
+    }
+
     fn target(&self) -> String {
         self.target.clone().unwrap_or_else(|| format!("{}@{:p}", self.name(), self))
     }

@@ -539,6 +539,11 @@ impl Backend for ZkBackend {
         Capabilities::ALL
     }
 
+    /// Every waiter has a sequential node in the name's queue, whichever client it came from.
+    fn grants_in_request_order(&self, _req: &Request) -> bool {
+        true
+    }
+
     async fn attempt(&self, req: &Request, ticket: &mut Option<ZkTicket>) -> Result<Attempt<ZkHold>, LockError> {
         let started = Instant::now();
         match self.attempt_once(req, ticket, started).await {
