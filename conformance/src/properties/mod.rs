@@ -12,6 +12,7 @@ mod expiry;
 mod faults;
 mod lifecycle;
 mod primitives;
+mod queueing;
 mod recipes;
 mod storage;
 
@@ -31,6 +32,7 @@ pub use expiry::*;
 pub use faults::*;
 pub use lifecycle::*;
 pub use primitives::*;
+pub use queueing::*;
 pub use recipes::*;
 pub use storage::*;
 
@@ -124,6 +126,10 @@ macro_rules! for_each_case {
             waiter_wakes_on_release: Clients,
             fair_grants_follow_request_order: Clients,
             fair_order_holds_within_one_client: Clients,
+            local_waiters_are_granted_in_order: Clients,
+            cancelled_local_waiter_does_not_hold_up_the_next: Clients,
+            tasks_of_one_client_take_turns: Clients,
+            herd_of_waiters_each_get_the_lock_once: Clients,
             stale_lease_cannot_release_or_extend: Evict,
             vanished_holder_frees_within_ttl: Faults,
             dead_waiter_gives_up_its_place_soon: Faults,
