@@ -56,8 +56,9 @@ pub(crate) enum Scenario {
     Fairness,
     /// Thousands of leases renewed at once.
     Renewal,
-    /// 8 tasks sharing one client, each holding for 1 ms: hand-offs per second and p99
-    /// wait, in any order and (where the backend is FIFO) fair.
+    /// 8 tasks sharing one client, each holding for 1 ms: grants and hand-offs between
+    /// tasks per second, p99 and longest wait, Jain's index over the tasks; in any order
+    /// and (where the backend is FIFO) fair.
     Shared,
     /// Idempotent execution: a first run (look, lock, store, release) and a replay.
     Idempotent,

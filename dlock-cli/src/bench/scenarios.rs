@@ -326,22 +326,22 @@ impl Bench<'_> {
             counts.push(worker.await.map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))??);
         }
         bar.finish_and_clear();
-        let sum: f64 = counts.iter().map(|&c| c as f64).sum();
-        let squares: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
-        let jain = if squares == 0.0 { 0.0 } else { sum * sum / (WORKERS as f64 * squares) };
+        let jain = jain(&counts);
         let point = format!("{WORKERS} clients{}", if fair { ", fair" } else { "" });
         Ok(Row { note: format!("grants per client: {counts:?}"), ..self.row("fairness", point, "Jain", jain) })
     }
 
     /// 8 tasks of one client take turns holding one lock for 1 ms, as a new user would
-    /// write it: hand-offs per second and the p99 wait of an acquire. The raw column is
+    /// write it: grants per second, how many of them went to another task (a hand-off)
+    /// rather than back to the task that had just let go, the p99 and longest wait of an
+    /// acquire, and Jain's index over the tasks' grants. The raw column is
     /// the same loop over a process-local FIFO mutex: the ceiling the hold itself sets on
     /// this machine, which no backend can pass.
     async fn shared(&self) -> Result<Vec<Row>, Failure> {
         const TASKS: usize = 8;
         let bar = progress(1, format!("{}: {TASKS} tasks on one client", self.backend));
         let local = Arc::new(tokio::sync::Mutex::new(()));
-        let (ceiling, ceiling_waits) = take_turns(TASKS, self.args.duration, move || {
+        let ceiling = take_turns(TASKS, self.args.duration, move || {
             let local = local.clone();
             async move {
                 let guard = local.lock_owned().await;
@@ -358,7 +358,7 @@ impl Bench<'_> {
             let name = bench_name("shared");
             let opts = LockOptions::new().wait(Duration::from_secs(60)).fair(fair);
             let locker = self.locker.clone();
-            let (rate, waits) = take_turns(TASKS, self.args.duration, move || {
+            let turns = take_turns(TASKS, self.args.duration, move || {
                 let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
                 async move {
                     let lease = locker.acquire(&name, &opts).await?;
@@ -367,18 +367,27 @@ impl Bench<'_> {
             })
             .await?;
             let point = format!("{TASKS} tasks, 1 ms hold{}", if fair { ", fair" } else { "" });
-            let note = "raw = a process-local FIFO mutex".to_string();
-            rows.push(Row {
+            let raw = "raw = a process-local FIFO mutex";
+            let row = |unit, library: f64, ceiling: f64, lower_is_better: bool, note: String| Row {
                 raw: Some(ceiling),
-                ratio: Some(ceiling / rate),
-                note: note.clone(),
-                ..self.row("shared", point.clone(), "handoffs/s", rate)
-            });
-            rows.push(Row {
-                raw: Some(ceiling_waits),
-                ratio: Some(waits / ceiling_waits),
+                ratio: Some(if lower_is_better { library / ceiling } else { ceiling / library }),
                 note,
-                ..self.row("shared", point, "p99 wait µs", waits)
+                ..self.row("shared", point.clone(), unit, library)
+            };
+            rows.push(row("handoffs/s", turns.grants, ceiling.grants, false, raw.to_string()));
+            rows.push(row(
+                "handoffs between tasks/s",
+                turns.handoffs,
+                ceiling.handoffs,
+                false,
+                format!("of {:.0} grants/s; {raw}", turns.grants),
+            ));
+            rows.push(row("p99 wait µs", turns.p99_wait, ceiling.p99_wait, true, raw.to_string()));
+            rows.push(row("max wait µs", turns.max_wait, ceiling.max_wait, true, raw.to_string()));
+            rows.push(Row {
+                raw: Some(ceiling.jain),
+                note: format!("over the {TASKS} tasks' grants; {raw}"),
+                ..self.row("shared", point, "Jain", turns.jain)
             });
         }
         bar.finish_and_clear();
@@ -533,10 +542,34 @@ impl Bench<'_> {
 }
 
 /// Runs `op` in one task per name until `duration` passes; returns operations per second.
+/// What [`take_turns`] saw.
+struct Turns {
+    /// Grants per second.
+    grants: f64,
+    /// Grants per second that went to another task than the grant before (a task that
+    /// lets go and takes the lock straight back is not a hand-off).
+    handoffs: f64,
+    /// The p99 and the longest wait of an acquire, in µs.
+    p99_wait: f64,
+    max_wait: f64,
+    /// Jain's index over the tasks' grant counts.
+    jain: f64,
+}
+
+/// Jain's fairness index of `counts`: 1 when all are equal, 1/n when one has them all.
+fn jain(counts: &[u64]) -> f64 {
+    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+    let squares: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
+    if squares == 0.0 {
+        0.0
+    } else {
+        sum * sum / (counts.len() as f64 * squares)
+    }
+}
+
 /// `tasks` tasks take turns for `duration`: acquire (through `acquire`, whose output
-/// releases), hold for 1 ms, release. Returns hand-offs per second and the p99 wait of
-/// an acquire in µs.
-async fn take_turns<A, Fut, R>(tasks: usize, duration: Duration, acquire: A) -> Result<(f64, f64), Failure>
+/// releases), hold for 1 ms, release.
+async fn take_turns<A, Fut, R>(tasks: usize, duration: Duration, acquire: A) -> Result<Turns, Failure>
 where
     A: Fn() -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<R, LockError>> + Send,
@@ -544,15 +577,21 @@ where
 {
     let started = Instant::now();
     let deadline = started + duration;
+    // The task that was granted last, and how many grants changed hands.
+    let last = Arc::new(AtomicU64::new(u64::MAX));
+    let handoffs = Arc::new(AtomicU64::new(0));
     let mut running = Vec::new();
-    for _ in 0..tasks {
-        let acquire = acquire.clone();
+    for task in 0..tasks as u64 {
+        let (acquire, last, handoffs) = (acquire.clone(), last.clone(), handoffs.clone());
         running.push(tokio::spawn(async move {
             let mut waits = histogram();
             while Instant::now() < deadline {
                 let asked = Instant::now();
                 let release = acquire().await?;
                 waits.saturating_record(micros(asked.elapsed()));
+                if last.swap(task, Ordering::SeqCst) != task {
+                    handoffs.fetch_add(1, Ordering::Relaxed);
+                }
                 hold(Duration::from_millis(1)).await;
                 release.await?;
             }
@@ -560,11 +599,20 @@ where
         }));
     }
     let mut waits = histogram();
+    let mut counts = Vec::new();
     for task in running {
         let task = task.await.map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))??;
+        counts.push(task.len());
         waits.add(task).map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))?;
     }
-    Ok((waits.len() as f64 / started.elapsed().as_secs_f64(), waits.value_at_percentile(99.0) as f64))
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Turns {
+        grants: waits.len() as f64 / seconds,
+        handoffs: handoffs.load(Ordering::Relaxed) as f64 / seconds,
+        p99_wait: waits.value_at_percentile(99.0) as f64,
+        max_wait: waits.max() as f64,
+        jain: jain(&counts),
+    })
 }
 
 async fn run_for<F, Fut>(duration: Duration, names: Vec<LockName>, op: F) -> Result<f64, Failure>
