@@ -94,6 +94,9 @@ struct Hold<'a> {
     /// Whether this hold's end was logged (by the lost watcher or by a write that found
     /// the lease gone), so that it is logged once.
     lost_logged: Arc<AtomicBool>,
+    /// When the client means to let go (ns since the run's epoch), which the register
+    /// keeps so that a fault aimed at the holder finds one that is not about to release.
+    ends_ns: u64,
 }
 
 /// `BackendUnavailable` → `backend_unavailable`.
@@ -126,12 +129,13 @@ async fn write(hold: &mut Hold<'_>, args: &ClientArgs, lease: &Lease, kind: Hold
     let register = &mut *hold.register;
     let valid_until = check - args.epoch_ns + remaining.as_nanos() as u64;
     let line = format!(
-        "W {} {} {} {} {}\n",
+        "W {} {} {} {} {} {}\n",
         args.id,
         lease.token().get(),
         check - args.epoch_ns,
         valid_until,
-        kind_spec(kind)
+        kind_spec(kind),
+        hold.ends_ns,
     );
     if register.is_none() {
         *register = TcpStream::connect(args.register).await.ok().map(BufReader::new);
@@ -263,9 +267,11 @@ async fn locks(
                 }
             })
         };
-        let mut hold = Hold { register: &mut register, log: &mut *log, lost_logged };
         // Writes every quarter ttl or so over the hold, each after the validity check.
-        let until = tokio::time::Instant::now() + hold_length(rng, ttl);
+        let length = hold_length(rng, ttl);
+        let until = tokio::time::Instant::now() + length;
+        let ends_ns = now_ns().saturating_sub(args.epoch_ns) + length.as_nanos() as u64;
+        let mut hold = Hold { register: &mut register, log: &mut *log, lost_logged, ends_ns };
         while write(&mut hold, args, &lease, kind).await {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {

@@ -24,6 +24,8 @@ pub(crate) struct Claim {
     pub(crate) token: FencingToken,
     pub(crate) at: Duration,
     pub(crate) valid_until: Duration,
+    /// When the writer means to let go.
+    pub(crate) ends: Duration,
 }
 
 /// The register's service.
@@ -74,17 +76,25 @@ impl Register {
     pub(crate) fn last_writer(&self) -> Option<usize> {
         self.last_writer.load(Ordering::Relaxed).checked_sub(1)
     }
+
+    /// The process that wrote last if, by its own word, it holds the lock at `now` (time
+    /// since the run's epoch) and for `ahead` more: its claimed validity has not run out,
+    /// and it does not mean to let go before then.
+    pub(crate) fn holder_at(&self, now: Duration, ahead: Duration) -> Option<usize> {
+        let claims = lock_unpoisoned(&self.claims);
+        claims.last().filter(|claim| claim.valid_until > now && claim.ends > now + ahead).map(|claim| claim.process)
+    }
 }
 
-/// `W <process> <token> <at ns> <valid until ns> <kind>` → `OK` or `REFUSED`.
+/// `W <process> <token> <at ns> <valid until ns> <kind> <ends ns>` → `OK` or `REFUSED`.
 async fn serve(socket: TcpStream, shared: Arc<Shared>) {
     let (read, mut write) = socket.into_split();
     let mut lines = BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let fields: Vec<&str> = line.split_whitespace().skip(1).collect();
-        let [process, token, at, valid_until, kind] = fields[..] else { break };
-        let (Ok(process), Ok(token), Ok(at), Ok(valid_until), Some(kind)) =
-            (process.parse::<usize>(), token.parse(), at.parse(), valid_until.parse(), parse_kind(kind))
+        let [process, token, at, valid_until, kind, ends] = fields[..] else { break };
+        let (Ok(process), Ok(token), Ok(at), Ok(valid_until), Some(kind), Ok(ends)) =
+            (process.parse::<usize>(), token.parse(), at.parse(), valid_until.parse(), parse_kind(kind), ends.parse())
         else {
             break;
         };
@@ -94,6 +104,7 @@ async fn serve(socket: TcpStream, shared: Arc<Shared>) {
             token,
             at: Duration::from_nanos(at),
             valid_until: Duration::from_nanos(valid_until),
+            ends: Duration::from_nanos(ends),
         });
         shared.last_writer.store(process + 1, Ordering::Relaxed);
         let value = shared.values.fetch_add(1, Ordering::Relaxed);

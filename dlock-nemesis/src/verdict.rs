@@ -474,6 +474,7 @@ mod tests {
             token: FencingToken::new(token),
             at: Duration::from_millis(100),
             valid_until: Duration::from_millis(valid_until),
+            ends: Duration::from_millis(valid_until),
         }
     }
 
