@@ -38,8 +38,9 @@ use crate::session::Session;
 use crate::settings::Settings;
 use crate::znode::{self, Unwanted};
 
-/// How many expired result znodes one sweep call deletes at most.
-pub(crate) const SWEEP_BATCH: usize = 1_000;
+/// How many result znodes one sweep call reads (and deletes, where expired) at most:
+/// few enough to take well under the operation timeout on a loaded server.
+pub(crate) const SWEEP_BATCH: usize = 500;
 
 /// The ttl of the session a request's node lives in. A watchdog lease's node lives as
 /// long as a session of its ttl, which is what the ttl means here. A `Fixed` lease is
@@ -65,6 +66,8 @@ pub struct ZkBackend {
     pool: SessionPool,
     watch_events: AtomicU64,
     next_hold: AtomicU64,
+    /// Where the last sweep call stopped (see `results::sweep`).
+    sweep_cursor: std::sync::Mutex<String>,
 }
 
 impl std::fmt::Debug for ZkBackend {
@@ -85,6 +88,7 @@ impl ZkBackend {
             settings,
             watch_events: AtomicU64::new(0),
             next_hold: AtomicU64::new(1),
+            sweep_cursor: std::sync::Mutex::default(),
         };
         backend.session(DEFAULT_TTL).await?;
         Ok(backend)
@@ -790,7 +794,7 @@ impl Backend for ZkBackend {
     /// empty; tokens are zxids, so no counter stays either.
     async fn sweep(&self) -> Result<Swept, LockError> {
         let session = self.any_session().await?;
-        results::sweep(&self.settings, &session, SWEEP_BATCH).await
+        results::sweep(&self.settings, &session, SWEEP_BATCH, &self.sweep_cursor).await
     }
 
     fn target(&self) -> String {

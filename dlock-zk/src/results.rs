@@ -6,8 +6,10 @@
 //! bytes, big-endian), then the value. ZooKeeper cannot delete a plain znode after a
 //! while, so the expiry travels in the record and an expired record reads as absent.
 
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use dlock_core::backend::lock_unpoisoned;
 use dlock_core::{FencingToken, LockError, StoredResult, Swept};
 use futures::future::join_all;
 use zookeeper_client as zk;
@@ -204,8 +206,17 @@ const SWEEPER: &str = ".sweeping";
 const SWEEP_IN_FLIGHT: usize = 64;
 
 /// Deletes the result znodes under the root whose record has expired (by this client's
-/// clock), at most `batch` of them, unless another client is sweeping already.
-pub(crate) async fn sweep(settings: &Settings, session: &Session, batch: usize) -> Result<Swept, LockError> {
+/// clock), reading at most `batch` of them: those after `cursor` in name order, where the
+/// last call stopped. The cursor goes back to the start once a call reaches the end, so
+/// that calls until [`Swept::more`] is false pass over every result once, each call short
+/// enough for the operation timeout however many results the root holds. Nothing is
+/// done while another client is sweeping.
+pub(crate) async fn sweep(
+    settings: &Settings,
+    session: &Session,
+    batch: usize,
+    cursor: &Mutex<String>,
+) -> Result<Swept, LockError> {
     let client = session.client();
     let root = settings.config.root();
     let marker = format!("{}/{SWEEPER}", root.trim_end_matches('/'));
@@ -216,23 +227,61 @@ pub(crate) async fn sweep(settings: &Settings, session: &Session, batch: usize) 
         Err(zk::Error::NodeExists | zk::Error::NoNode) => return Ok(Swept::default()),
         Err(err) => return Err(lock_error("take the sweeper's place", err)),
     }
-    let swept = sweep_results(client, &root, batch).await;
-    // Should this fail, the place goes with the session.
-    let _ = client.delete(&marker, None).await;
+    let mut place = SweeperPlace { client: client.clone(), marker };
+    let swept = sweep_results(client, &root, batch, cursor).await;
+    // Deleted before the next call of the same sweep tries to take the place again.
+    let _ = client.delete(&std::mem::take(&mut place.marker), None).await;
     swept
 }
 
-async fn sweep_results(client: &zk::Client, root: &str, batch: usize) -> Result<Swept, LockError> {
+/// The sweeper's znode, deleted when the sweep ends, however it ends: a sweep cut off by
+/// the operation timeout must not keep every later sweep out until its session ends. An
+/// empty path means it was deleted already.
+struct SweeperPlace {
+    client: zk::Client,
+    marker: String,
+}
+
+impl Drop for SweeperPlace {
+    fn drop(&mut self) {
+        if self.marker.is_empty() {
+            return;
+        }
+        let (client, marker) = (self.client.clone(), std::mem::take(&mut self.marker));
+        // Without a runtime the place goes with the session.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = client.delete(&marker, None).await;
+            });
+        }
+    }
+}
+
+async fn sweep_results(
+    client: &zk::Client,
+    root: &str,
+    batch: usize,
+    cursor: &Mutex<String>,
+) -> Result<Swept, LockError> {
     let children = match retrying(|| client.list_children(root)).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => return Ok(Swept::default()),
         Err(err) => return Err(lock_error("list the root", err)),
     };
+    let mut results: Vec<&String> = children.iter().filter(|child| child.ends_with(RESULT_SUFFIX)).collect();
+    results.sort_unstable();
+    let after = lock_unpoisoned(cursor).clone();
+    let first = results.partition_point(|child| child.as_str() <= after.as_str());
+    let these = &results[first..results.len().min(first + batch)];
+    let more = first + these.len() < results.len();
+    *lock_unpoisoned(cursor) = match these.last() {
+        Some(last) if more => (*last).clone(),
+        _ => String::new(),
+    };
     let dir = root.trim_end_matches('/');
-    let paths: Vec<String> =
-        children.iter().filter(|child| child.ends_with(RESULT_SUFFIX)).map(|child| format!("{dir}/{child}")).collect();
+    let paths: Vec<String> = these.iter().map(|child| format!("{dir}/{child}")).collect();
     let now = now_ms();
-    let (mut removed, mut expired) = (0usize, 0usize);
+    let mut removed = 0u64;
     for chunk in paths.chunks(SWEEP_IN_FLIGHT) {
         let reads = join_all(chunk.iter().map(|path| client.get_data(path))).await;
         let mut doomed = Vec::new();
@@ -240,10 +289,7 @@ async fn sweep_results(client: &zk::Client, root: &str, batch: usize) -> Result<
             let Ok((data, stat)) = read else { continue };
             // A znode of someone else's layout is not ours to delete.
             if decode(&data, path).is_ok_and(|record| record.is_expired(now)) {
-                expired += 1;
-                if removed + doomed.len() < batch {
-                    doomed.push((path, stat.version));
-                }
+                doomed.push((path, stat.version));
             }
         }
         // Conditional on the version read: a record stored again meanwhile stays.
@@ -256,8 +302,7 @@ async fn sweep_results(client: &zk::Client, root: &str, batch: usize) -> Result<
             }
         }
     }
-    // More is left only when the batch bound held some back, not when a delete lost a race.
-    Ok(Swept { removed: removed as u64, more: expired > batch })
+    Ok(Swept { removed, more })
 }
 
 #[cfg(test)]
