@@ -430,6 +430,7 @@ impl<B: Backend> Inner<B> {
                 return Ok(None);
             }
             let sent = Instant::now();
+            self.stats.attempted();
             let attempt = match self.timed("acquire", self.backend.attempt(req, &mut ticket)).await {
                 Ok(attempt) => attempt,
                 Err(err) => {
@@ -742,6 +743,27 @@ mod tests {
         sleep(late + Duration::from_millis(1)).await;
         assert!(other.inspect(&name()).await.unwrap().holder.is_none(), "released before the store's ttl ran out");
         assert!(trying.await.unwrap().unwrap().is_none(), "no lease that is born expired");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_attempt_sent_is_counted() {
+        let (client, probe) = probe_client(Duration::from_secs(10));
+        let other = probe.store.client();
+        let opts = LockOptions::new().wait(Duration::from_secs(10));
+        let held = other.acquire(&name(), &opts).await.unwrap();
+        assert!(client.try_acquire(&name(), &opts).await.unwrap().is_none());
+        assert_eq!(client.stats().attempts, 1);
+        let waiter = tokio::spawn({
+            let client = client.clone();
+            async move { client.acquire(&name(), &opts).await }
+        });
+        while client.stats().waiting == 0 {
+            sleep(Duration::from_millis(1)).await;
+        }
+        held.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+        // The waiter asked once, was woken by the release, and asked once more.
+        assert_eq!(client.stats().attempts, 3);
     }
 
     #[tokio::test(start_paused = true)]

@@ -28,6 +28,10 @@ pub struct ClientStats {
     /// Acquires under way (including those finishing in the background after their caller
     /// gave up) and background releases of dropped leases.
     pub in_flight: u64,
+    /// Attempts sent to the backend by acquires (each a request; one per master on
+    /// RedLock). Over `acquired`, what a grant costs the server: a herd of waiters that all
+    /// wake on every release shows as many attempts per grant.
+    pub attempts: u64,
 }
 
 /// The counters of one client, and its metrics.
@@ -47,6 +51,7 @@ pub(crate) struct Stats {
     scheduled: AtomicU64,
     waiting: AtomicU64,
     in_flight: AtomicU64,
+    attempts: AtomicU64,
 }
 
 /// How an acquire call ended, as the `outcome` label of `dlock_acquires_total`.
@@ -95,6 +100,7 @@ impl Stats {
             scheduled: zero(),
             waiting: zero(),
             in_flight: zero(),
+            attempts: zero(),
         }
     }
 
@@ -110,7 +116,13 @@ impl Stats {
             scheduled: get(&self.scheduled),
             waiting: get(&self.waiting),
             in_flight: get(&self.in_flight),
+            attempts: get(&self.attempts),
         }
+    }
+
+    /// An acquire sent an attempt to the backend.
+    pub(crate) fn attempted(&self) {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// An acquire call ended.

@@ -35,6 +35,9 @@ pub(crate) struct BenchArgs {
     /// How long each throughput and fairness point runs.
     #[arg(long, default_value = "3s", value_parser = duration_arg)]
     duration: Duration,
+    /// Waiter counts of the herd scenario, spread over its 8 clients.
+    #[arg(long, value_delimiter = ',', default_value = "8,64,512")]
+    waiters: Vec<usize>,
     /// Leases held at once in the renewal scenario.
     #[arg(long, default_value_t = 5000)]
     leases: usize,
@@ -54,6 +57,9 @@ pub(crate) enum Scenario {
     Handoff,
     /// Fairness of 8 contending clients, as Jain's index over their grant counts.
     Fairness,
+    /// W waiters on one name over 8 clients (W from --waiters), each holding for 1 ms:
+    /// hand-offs per second, p50/p99 wait and attempts sent per grant, as W grows.
+    Herd,
     /// Thousands of leases renewed at once.
     Renewal,
     /// 8 tasks sharing one client, each holding for 1 ms: grants and hand-offs between
@@ -69,11 +75,12 @@ pub(crate) enum Scenario {
 }
 
 impl Scenario {
-    const ALL: [Scenario; 9] = [
+    const ALL: [Scenario; 10] = [
         Scenario::Uncontended,
         Scenario::Throughput,
         Scenario::Handoff,
         Scenario::Fairness,
+        Scenario::Herd,
         Scenario::Renewal,
         Scenario::Shared,
         Scenario::Idempotent,

@@ -63,6 +63,7 @@ impl Bench<'_> {
             Scenario::Throughput => self.throughput().await?,
             Scenario::Handoff => self.handoff().await?,
             Scenario::Fairness => self.fairness().await?,
+            Scenario::Herd => self.herd().await?,
             Scenario::Renewal => self.renewal().await?,
             Scenario::Shared => self.shared().await?,
             Scenario::Idempotent => self.idempotent().await?,
@@ -329,6 +330,67 @@ impl Bench<'_> {
         let jain = jain(&counts);
         let point = format!("{WORKERS} clients{}", if fair { ", fair" } else { "" });
         Ok(Row { note: format!("grants per client: {counts:?}"), ..self.row("fairness", point, "Jain", jain) })
+    }
+
+    /// W waiters on one name spread over 8 clients (each with its own connections), each
+    /// looping acquire, 1 ms hold, release: hand-offs per second, the p50 and p99 wait,
+    /// and the attempts the clients sent per grant (the server work a hand-off costs: it
+    /// stays flat as W grows unless every release wakes every waiter). In any order and,
+    /// where the backend is FIFO, fair. No raw column: the point is the curve over W.
+    async fn herd(&self) -> Result<Vec<Row>, Failure> {
+        const CLIENTS: usize = 8;
+        let mut rows = Vec::new();
+        let orders: &[bool] = if self.locker.capabilities().fifo { &[false, true] } else { &[false] };
+        for &fair in orders {
+            for &waiters in &self.args.waiters {
+                let bar =
+                    progress(1, format!("{}: herd of {waiters}{}", self.backend, if fair { ", fair" } else { "" }));
+                let mut clients = Vec::with_capacity(CLIENTS);
+                for _ in 0..CLIENTS {
+                    clients.push(dlock::connect(&self.url).await?);
+                }
+                let attempts = |clients: &[Arc<dyn Locker>]| clients.iter().map(|c| c.stats().attempts).sum::<u64>();
+                let before = attempts(&clients);
+                let name = bench_name("herd");
+                let opts = LockOptions::new().wait(Duration::from_secs(120)).fair(fair);
+                let started = Instant::now();
+                let deadline = started + self.args.duration;
+                let mut running = Vec::with_capacity(waiters);
+                for waiter in 0..waiters {
+                    let (client, name, opts) = (clients[waiter % CLIENTS].clone(), name.clone(), opts.clone());
+                    running.push(tokio::spawn(async move {
+                        let mut waits = histogram();
+                        while Instant::now() < deadline {
+                            let asked = Instant::now();
+                            let lease = client.acquire(&name, &opts).await?;
+                            waits.saturating_record(micros(asked.elapsed()));
+                            hold(Duration::from_millis(1)).await;
+                            lease.release().await?;
+                        }
+                        Ok::<_, LockError>(waits)
+                    }));
+                }
+                let mut waits = histogram();
+                for task in running {
+                    let task = task.await.map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))??;
+                    waits.add(task).map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))?;
+                }
+                let seconds = started.elapsed().as_secs_f64();
+                let sent = attempts(&clients) - before;
+                bar.finish_and_clear();
+                let point = format!("{waiters} waiters, {CLIENTS} clients{}", if fair { ", fair" } else { "" });
+                let note = format!("{} grants, {sent} attempts", waits.len());
+                rows.push(Row {
+                    note: note.clone(),
+                    ..self.row("herd", point.clone(), "handoffs/s", waits.len() as f64 / seconds)
+                });
+                rows.push(self.row("herd", point.clone(), "p50 wait µs", waits.value_at_percentile(50.0) as f64));
+                rows.push(self.row("herd", point.clone(), "p99 wait µs", waits.value_at_percentile(99.0) as f64));
+                let per_grant = if waits.is_empty() { 0.0 } else { sent as f64 / waits.len() as f64 };
+                rows.push(Row { note, ..self.row("herd", point, "attempts per grant", per_grant) });
+            }
+        }
+        Ok(rows)
     }
 
     /// 8 tasks of one client take turns holding one lock for 1 ms, as a new user would
