@@ -34,6 +34,16 @@ use crate::sweep::Swept;
 pub trait Locker: Send + Sync {
     /// Acquires `name`, waiting up to the options' wait bound (`Timeout` after it).
     ///
+    /// # Order
+    ///
+    /// Acquires of one client for one name are granted in the order they were called,
+    /// whatever the backend: where it grants in any order, they queue in the client and
+    /// only the first contends at the backend, so a task that releases and asks again
+    /// goes behind its neighbours. Across clients the order is the backend's: FIFO where
+    /// [`Capabilities::fifo`] and `fair(true)` (always on ZooKeeper and etcd), any order
+    /// otherwise. An acquire with an explicit owner does not queue in the client (it may
+    /// be re-entering a lock its owner holds).
+    ///
     /// # Cancel safety
     ///
     /// Dropping the future before it completes gives back whatever it got: no hold, queue
