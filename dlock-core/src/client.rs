@@ -18,7 +18,7 @@ use crate::backend::{Backend, Request, RequestId};
 use crate::error::LockError;
 use crate::info::{Capabilities, LockInfo};
 use crate::lease::Lease;
-use crate::local_queue::{LocalQueues, Place};
+use crate::local_queue::{LocalQueues, Place, Turn};
 use crate::locker::Locker;
 use crate::name::{LockName, OwnerId};
 use crate::options::{drift, HoldKind, LockOptions, MAX_DURATION};
@@ -255,6 +255,12 @@ impl<B: Backend> Client<B> {
                 };
                 let queued = place.as_ref().is_some_and(Place::waited);
                 let outcome = inner.acquire_loop(&req, &opts, &cancel, (started, deadline), queued).await;
+                if let (Some(place), Err(err)) = (&place, &outcome) {
+                    // The waiters behind learn of what failed here on their own, at once.
+                    if !matches!(err, LockError::Timeout) {
+                        place.failed();
+                    }
+                }
                 drop(place);
                 outcome
             }
@@ -382,8 +388,9 @@ impl<B: Backend> Inner<B> {
     /// the backend does not keep their order itself (see
     /// [`Backend::grants_in_request_order`]). A try, or an acquire for an explicit owner
     /// (who may already hold the lock and re-enter it), does not queue: it would wait
-    /// behind waiters that wait for it. `Err` carries how the acquire ends instead: its
-    /// wait bound ran out, or its caller went away.
+    /// behind waiters that wait for it. `Ok(None)`: go to the backend without a turn.
+    /// `Err` carries how the acquire ends instead: its wait bound ran out, or its caller
+    /// went away.
     async fn take_turn(
         &self,
         req: &Request,
@@ -399,14 +406,15 @@ impl<B: Backend> Inner<B> {
         }
         self.stats.waiting(true);
         let ended = tokio::select! {
-            _ = place.turn() => None,
-            _ = cancel.fired() => Some(Ok(None)),
-            _ = tokio::time::sleep_until(deadline) => Some(Err(LockError::Timeout)),
+            turn = place.turn() => Ok(turn),
+            _ = cancel.fired() => Err(Ok(None)),
+            _ = tokio::time::sleep_until(deadline) => Err(Err(LockError::Timeout)),
         };
         self.stats.waiting(false);
-        match ended {
-            None => Ok(Some(place)),
-            Some(outcome) => Err(outcome),
+        match ended? {
+            Turn::Mine => Ok(Some(place)),
+            // The first waiter failed: go to the backend now, without the turn.
+            Turn::Open => Ok(None),
         }
     }
 
@@ -764,6 +772,58 @@ mod tests {
         waiter.await.unwrap().unwrap().release().await.unwrap();
         // The waiter asked once, was woken by the release, and asked once more.
         assert_eq!(client.stats().attempts, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_queued_in_the_client_behind_a_failure_fail_within_their_own_timeout() {
+        let op = Duration::from_secs(1);
+        let (client, probe) = probe_client(op);
+        probe.grant_in_any_order();
+        probe.link().set(Fault::DropReplies);
+        let opts = LockOptions::new().wait(Duration::from_secs(60));
+        let started = Instant::now();
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let (client, opts) = (client.clone(), opts.clone());
+                tokio::spawn(async move { client.acquire(&name(), &opts).await })
+            })
+            .collect();
+        for waiter in waiters {
+            assert!(matches!(waiter.await.unwrap(), Err(LockError::Unavailable { .. })));
+        }
+        // The first fails after one timeout, and everyone behind it after one more.
+        assert_eq!(started.elapsed(), op * 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clients_waiters_of_one_name_contend_one_at_a_time_in_the_order_they_asked() {
+        let (client, probe) = probe_client(Duration::from_secs(10));
+        probe.grant_in_any_order();
+        let other = probe.store.client();
+        let opts = LockOptions::new().wait(Duration::from_secs(60));
+        let held = other.acquire(&name(), &opts).await.unwrap();
+        let (granted, mut order) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        for i in 0..3 {
+            let (mine, opts, granted) = (client.clone(), opts.clone(), granted.clone());
+            waiters.push(tokio::spawn(async move {
+                let lease = mine.acquire(&name(), &opts).await.unwrap();
+                granted.send(i).unwrap();
+                lease.release().await.unwrap();
+            }));
+            while client.stats().waiting < i + 1 {
+                sleep(Duration::from_millis(1)).await;
+            }
+        }
+        // Only the first of them is queued at the store.
+        assert_eq!(other.inspect(&name()).await.unwrap().waiters, Some(1));
+        let attempts = client.stats().attempts;
+        held.release().await.unwrap();
+        for waiter in waiters {
+            waiter.await.unwrap();
+        }
+        assert_eq!((0..3).map(|_| order.try_recv().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(client.stats().attempts - attempts, 3, "one attempt per hand-off");
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,18 +8,40 @@
 //! client sends one waiter's requests for a name instead of W, and its own waiters are
 //! granted in the order they asked. Waiters of different clients still meet at the
 //! backend, in whatever order the backend grants.
+//!
+//! A first waiter whose acquire fails (the backend is unreachable, say) lets every waiter
+//! queued behind it go to the backend at once: each then learns of the failure within
+//! its own operation timeout, instead of one timeout after another down the queue.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::name::LockName;
 
 /// One turnstile per name with a waiter or a contender, and nothing for other names.
 #[derive(Debug, Default)]
 pub(crate) struct LocalQueues {
-    names: Mutex<HashMap<LockName, Arc<Semaphore>>>,
+    names: Mutex<HashMap<LockName, Arc<Turnstile>>>,
+}
+
+/// The queue of one name.
+#[derive(Debug)]
+struct Turnstile {
+    /// One permit: the turn. Tokio's semaphore hands permits out in request order.
+    turn: Semaphore,
+    /// Fired when the one whose turn it was failed: everyone waiting then goes on.
+    failed: Notify,
+}
+
+/// How a wait for the turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Every waiter ahead has left; this place holds the turn.
+    Mine,
+    /// The waiter whose turn it was failed; this one goes to the backend without the turn.
+    Open,
 }
 
 impl LocalQueues {
@@ -31,8 +53,7 @@ impl LocalQueues {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(name.clone())
-            // One permit, and tokio's semaphore hands permits out in request order.
-            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .or_insert_with(|| Arc::new(Turnstile { turn: Semaphore::new(1), failed: Notify::new() }))
             .clone();
         Place { queues: self.clone(), name: name.clone(), turnstile: Some(turnstile), turn: false, waited: false }
     }
@@ -49,7 +70,7 @@ impl LocalQueues {
 pub(crate) struct Place {
     queues: Arc<LocalQueues>,
     name: LockName,
-    turnstile: Option<Arc<Semaphore>>,
+    turnstile: Option<Arc<Turnstile>>,
     /// Whether this place holds the turn (the turnstile's one permit, forgotten so that
     /// the place alone gives it back).
     turn: bool,
@@ -61,7 +82,7 @@ impl Place {
     /// Takes the turn if nobody is ahead of this place.
     pub(crate) fn try_turn(&mut self) -> bool {
         if !self.turn {
-            if let Some(Ok(permit)) = self.turnstile.as_ref().map(|turnstile| turnstile.try_acquire()) {
+            if let Some(Ok(permit)) = self.turnstile.as_ref().map(|turnstile| turnstile.turn.try_acquire()) {
                 permit.forget();
                 self.turn = true;
             }
@@ -74,18 +95,31 @@ impl Place {
         self.waited
     }
 
-    /// Waits until every waiter that joined before this one has left. Cancel safe: a
-    /// place dropped while it waits leaves the queue at once.
-    pub(crate) async fn turn(&mut self) {
+    /// Waits until every waiter that joined before this one has left, or until the one
+    /// whose turn it was fails. Cancel safe: a place dropped while it waits leaves the
+    /// queue at once.
+    pub(crate) async fn turn(&mut self) -> Turn {
         if self.turn {
-            return;
+            return Turn::Mine;
         }
         self.waited = true;
-        let Some(turnstile) = self.turnstile.as_ref() else { return };
-        // The semaphore is never closed, so acquiring only ever waits.
-        if let Ok(permit) = turnstile.acquire().await {
-            permit.forget();
-            self.turn = true;
+        let Some(turnstile) = self.turnstile.as_ref() else { return Turn::Open };
+        tokio::select! {
+            // The semaphore is never closed, so acquiring only ever waits.
+            Ok(permit) = turnstile.turn.acquire() => {
+                permit.forget();
+                self.turn = true;
+                Turn::Mine
+            }
+            _ = turnstile.failed.notified() => Turn::Open,
+        }
+    }
+
+    /// This place's acquire failed while it held the turn: every waiter queued now goes
+    /// to the backend at once. Waiters that come later queue again.
+    pub(crate) fn failed(&self) {
+        if let (true, Some(turnstile)) = (self.turn, self.turnstile.as_ref()) {
+            turnstile.failed.notify_waiters();
         }
     }
 }
@@ -94,7 +128,7 @@ impl Drop for Place {
     fn drop(&mut self) {
         let Some(turnstile) = self.turnstile.take() else { return };
         if self.turn {
-            turnstile.add_permits(1);
+            turnstile.turn.add_permits(1);
         }
         // Every place holds a clone of its turnstile, and only places do besides the map:
         // when the map's is the last one, no waiter is left and the name's entry goes.
@@ -113,7 +147,7 @@ mod tests {
 
     use tokio::sync::mpsc;
 
-    use super::LocalQueues;
+    use super::{LocalQueues, Turn};
     use crate::name::LockName;
 
     fn name(n: &str) -> LockName {
@@ -162,6 +196,30 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), next.turn()).await.expect("the next waiter's turn came");
         drop(next);
         assert_eq!(queues.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_turn_lets_everyone_waiting_go_at_once() {
+        let queues = Arc::new(LocalQueues::default());
+        let mut first = queues.join(&name("a"));
+        first.turn().await;
+        let mut waiting = Vec::new();
+        for _ in 0..3 {
+            let mut place = queues.join(&name("a"));
+            waiting.push(tokio::spawn(async move { place.turn().await }));
+            tokio::task::yield_now().await;
+        }
+        // The one holding the turn fails, and keeps its place for a while yet.
+        first.failed();
+        for waiter in waiting {
+            let turn = tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("released at once");
+            assert_eq!(turn.unwrap(), Turn::Open);
+        }
+        // Who comes later queues again behind the turn still held.
+        let mut later = queues.join(&name("a"));
+        assert!(!later.try_turn());
+        drop(first);
+        assert!(later.try_turn());
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! A backend for the core's own unit tests: the memory backend, with its renewals
 //! counted, grouped, held up, failed or panicked at will.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,9 +38,17 @@ pub(crate) struct Probe {
     calls: Mutex<Vec<(Instant, usize)>>,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
+    /// Whether the backend says it grants in request order, as the memory store does;
+    /// when not, the client queues its own waiters of a name.
+    in_order: AtomicBool,
 }
 
 impl Probe {
+    /// The backend says it grants in any order from now on.
+    pub(crate) fn grant_in_any_order(&self) {
+        self.in_order.store(false, Ordering::SeqCst);
+    }
+
     pub(crate) fn set(&self, mode: Renewals) {
         *lock_unpoisoned(&self.mode) = mode;
     }
@@ -75,6 +83,7 @@ pub(crate) fn probe_client(op_timeout: Duration) -> (Client<ProbeBackend>, Arc<P
         calls: Mutex::new(Vec::new()),
         in_flight: AtomicUsize::new(0),
         max_in_flight: AtomicUsize::new(0),
+        in_order: AtomicBool::new(true),
     });
     let backend = ProbeBackend { inner, probe: probe.clone() };
     (Client::with_config(backend, ClientConfig::with_op_timeout(op_timeout)), probe)
@@ -110,9 +119,9 @@ impl Backend for ProbeBackend {
         Capabilities::ALL
     }
 
-    /// As the memory backend it drives.
+    /// As the memory backend it drives, unless the test said otherwise.
     fn grants_in_request_order(&self, _req: &Request) -> bool {
-        true
+        self.probe.in_order.load(Ordering::SeqCst)
     }
 
     async fn attempt(
