@@ -253,8 +253,7 @@ impl<B: Backend> Client<B> {
                     Ok(place) => place,
                     Err(outcome) => return outcome,
                 };
-                let queued = place.as_ref().is_some_and(Place::waited);
-                let outcome = inner.acquire_loop(&req, &opts, &cancel, (started, deadline), queued).await;
+                let outcome = inner.acquire_loop(&req, &opts, &cancel, (started, deadline), place.as_ref()).await;
                 if let (Some(place), Err(err)) = (&place, &outcome) {
                     // The waiters behind learn of what failed here on their own, at once.
                     if !matches!(err, LockError::Timeout) {
@@ -424,15 +423,18 @@ impl<B: Backend> Inner<B> {
         opts: &LockOptions,
         cancel: &Cancel,
         (started, deadline): (Instant, Instant),
-        queued: bool,
+        place: Option<&Place>,
     ) -> AcquireResult {
         let notify = self.backend.capabilities().notify;
         let backoff = opts.retry_backoff();
         let mut ticket: Option<B::Ticket> = None;
         let mut polls = 0u32;
         // A waiter whose turn came after a local neighbour let go was handed off to.
-        let mut handed_off = queued;
+        let mut handed_off = place.is_some_and(Place::waited);
         loop {
+            // Before the attempt, so that a release by a neighbour while it is on the wire
+            // still wakes the wait after it.
+            let neighbour_released = place.and_then(Place::released);
             if cancel.is_fired() {
                 self.abandon(req, ticket).await;
                 return Ok(None);
@@ -482,8 +484,17 @@ impl<B: Backend> Inner<B> {
             self.stats.waiting(true);
             let waited = {
                 let wait = self.backend.wait(req, &mut ticket, until);
+                let neighbour = async {
+                    match neighbour_released {
+                        Some(released) => released.await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     result = wait => Some(result),
+                    // A lease of this client on the name was released: the lock may be
+                    // free, and this waiter is the one of the client to try first.
+                    () = neighbour => Some(Ok(())),
                     _ = cancel.fired() => None,
                 }
             };
@@ -614,7 +625,9 @@ impl<B: Backend> HoldOps for BoundHold<B> {
 
     async fn release(&self) -> Result<Release, LockError> {
         let span = tracing::info_span!("dlock.release", backend = self.inner.backend.name(), lock = %self.name, token = %self.token);
-        self.inner.timed("release", self.inner.backend.release(&self.hold)).instrument(span).await
+        let released = self.inner.timed("release", self.inner.backend.release(&self.hold)).instrument(span).await;
+        self.inner.queues.released(&self.name);
+        released
     }
 
     async fn store_result(&self, value: &[u8], retention: Duration) -> Result<(), LockError> {

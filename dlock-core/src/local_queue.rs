@@ -33,6 +33,9 @@ struct Turnstile {
     turn: Semaphore,
     /// Fired when the one whose turn it was failed: everyone waiting then goes on.
     failed: Notify,
+    /// Fired when a lease of this client on the name is released, so that the first
+    /// waiter attempts at once instead of after its poll or the backend's wake-up.
+    released: Notify,
 }
 
 /// How a wait for the turn ended.
@@ -53,9 +56,18 @@ impl LocalQueues {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(name.clone())
-            .or_insert_with(|| Arc::new(Turnstile { turn: Semaphore::new(1), failed: Notify::new() }))
+            .or_insert_with(|| {
+                Arc::new(Turnstile { turn: Semaphore::new(1), failed: Notify::new(), released: Notify::new() })
+            })
             .clone();
         Place { queues: self.clone(), name: name.clone(), turnstile: Some(turnstile), turn: false, waited: false }
+    }
+
+    /// A lease of this client on `name` was released: wakes the waiter whose turn it is.
+    pub(crate) fn released(&self, name: &LockName) {
+        if let Some(turnstile) = self.names.lock().unwrap_or_else(PoisonError::into_inner).get(name) {
+            turnstile.released.notify_waiters();
+        }
     }
 
     /// How many names have a turnstile now.
@@ -113,6 +125,13 @@ impl Place {
             }
             _ = turnstile.failed.notified() => Turn::Open,
         }
+    }
+
+    /// Completes when a lease of this client on the name is released after this call (it
+    /// counts from the call, not from the first poll, so that no release between an
+    /// attempt and the wait after it is missed).
+    pub(crate) fn released(&self) -> Option<tokio::sync::futures::Notified<'_>> {
+        self.turnstile.as_ref().map(|turnstile| turnstile.released.notified())
     }
 
     /// This place's acquire failed while it held the turn: every waiter queued now goes

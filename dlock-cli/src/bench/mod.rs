@@ -38,9 +38,9 @@ pub(crate) struct BenchArgs {
     /// Waiter counts of the herd scenario, spread over its 8 clients.
     #[arg(long, value_delimiter = ',', default_value = "8,64,512")]
     waiters: Vec<usize>,
-    /// Leases held at once in the renewal scenario.
-    #[arg(long, default_value_t = 5000)]
-    leases: usize,
+    /// Leases held at once in the renewal scenario (each count its own point).
+    #[arg(long, value_delimiter = ',', default_value = "5000")]
+    leases: Vec<usize>,
     /// The watchdog ttl in the renewal scenario (renewed every ttl/3).
     #[arg(long, default_value = "3s", value_parser = duration_arg)]
     renew_ttl: Duration,
@@ -60,7 +60,8 @@ pub(crate) enum Scenario {
     /// W waiters on one name over 8 clients (W from --waiters), each holding for 1 ms:
     /// hand-offs per second, p50/p99 wait and attempts sent per grant, as W grows.
     Herd,
-    /// Thousands of leases renewed at once.
+    /// Thousands of leases renewed at once: renewals, leases lost, and the client's CPU
+    /// share and resident memory per lease while it renews them.
     Renewal,
     /// 8 tasks sharing one client, each holding for 1 ms: grants and hand-offs between
     /// tasks per second, p99 and longest wait, Jain's index over the tasks; in any order

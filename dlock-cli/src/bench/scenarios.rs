@@ -535,8 +535,20 @@ impl Bench<'_> {
     /// Holds many leases through two ttls of watchdog renewals (none may be lost), then
     /// compares one explicit renewal of each, through the library, with raw renewals.
     async fn renewal(&self) -> Result<Vec<Row>, Failure> {
-        let n = self.args.leases;
+        let mut rows = Vec::new();
+        for &n in &self.args.leases {
+            rows.extend(self.renewal_of(n).await?);
+        }
+        Ok(rows)
+    }
+
+    /// `n` watchdog leases on the one client, held for two ttls: how many renewals it
+    /// sent and how many leases it lost, its CPU share and the resident memory each lease
+    /// costs it meanwhile (the servers run in other processes, except SQLite's), and the
+    /// rate of explicit extensions beside raw renewals.
+    async fn renewal_of(&self, n: usize) -> Result<Vec<Row>, Failure> {
         let ttl = self.args.renew_ttl;
+        let resident_before = resident_bytes();
         let names: Vec<LockName> = (0..n).map(|i| bench_name(&format!("renewal/{i}"))).collect();
         let opts = LockOptions::watchdog(ttl);
         let bar = progress(4, format!("{}: {n} leases renewed", self.backend));
@@ -549,8 +561,13 @@ impl Bench<'_> {
             .try_collect()
             .await?;
         bar.inc(1);
+        let per_lease =
+            resident_before.zip(resident_bytes()).map(|(before, after)| after.saturating_sub(before) as f64 / n as f64);
         let before = self.locker.stats().renewals;
+        let cpu_before = cpu_time();
         tokio::time::sleep(ttl * 2).await;
+        let cpu_share =
+            cpu_before.zip(cpu_time()).map(|(before, after)| (after - before).as_secs_f64() / (ttl * 2).as_secs_f64());
         let renewed = self.locker.stats().renewals - before;
         let lost = leases.iter().filter(|l| l.is_lost()).count();
         bar.inc(1);
@@ -587,23 +604,53 @@ impl Bench<'_> {
         stream::iter(leases).for_each_concurrent(256, |lease| async move { drop(lease.release().await) }).await;
         bar.finish_and_clear();
         let note = format!("watchdog over 2 ttls: {renewed} renewals, {lost} of {n} lost");
-        Ok(vec![match lib_rate {
+        let point = format!("{n} leases");
+        let mut rows = Vec::new();
+        if let Some(share) = cpu_share {
+            rows.push(Row { note: note.clone(), ..self.row("renewal", point.clone(), "client CPU %", share * 100.0) });
+        }
+        if let Some(bytes) = per_lease {
+            rows.push(Row {
+                note: note.clone(),
+                ..self.row("renewal", point.clone(), "client bytes per lease", bytes)
+            });
+        }
+        rows.push(match lib_rate {
             Some(lib) => Row {
                 raw: Some(raw_rate),
                 ratio: Some(raw_rate / lib),
                 note,
-                ..self.row("renewal", format!("{n} leases"), "renewals/s", lib)
+                ..self.row("renewal", point.clone(), "renewals/s", lib)
             },
             None => Row {
                 raw: Some(raw_rate),
                 note: format!("{note}; extend unsupported, renewals follow the session"),
-                ..self.row("renewal", format!("{n} leases"), "renewals/s", renewed as f64 / (ttl * 2).as_secs_f64())
+                ..self.row("renewal", point, "renewals/s", renewed as f64 / (ttl * 2).as_secs_f64())
             },
-        }])
+        });
+        Ok(rows)
     }
 }
 
-/// Runs `op` in one task per name until `duration` passes; returns operations per second.
+/// The CPU time this process has used, user and system, where the platform tells.
+fn cpu_time() -> Option<Duration> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    let time = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec().try_into().unwrap_or(0))
+            + Duration::from_micros(t.tv_usec().try_into().unwrap_or(0))
+    };
+    Some(time(usage.user_time()) + time(usage.system_time()))
+}
+
+/// This process's resident memory in bytes, where the platform tells (Linux).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// What [`take_turns`] saw.
 struct Turns {
     /// Grants per second.
@@ -677,6 +724,7 @@ where
     })
 }
 
+/// Runs `op` in one task per name until `duration` passes; returns operations per second.
 async fn run_for<F, Fut>(duration: Duration, names: Vec<LockName>, op: F) -> Result<f64, Failure>
 where
     F: Fn(LockName) -> Fut + Clone + Send + 'static,
