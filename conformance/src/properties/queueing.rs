@@ -139,16 +139,29 @@ pub async fn tasks_of_one_client_take_turns(f: &dyn Fixture) {
     );
 }
 
+/// How long a herd's holders keep their leases without renewal: a waiter that sleeps
+/// through a release waits about this long for the next look.
+const HERD_TTL: Duration = Duration::from_secs(60);
+
+/// The bound on the whole herd: 200 holds of 1 ms and their hand-offs take a few seconds
+/// on a loaded machine, and far less than one [`HERD_TTL`].
+const HERD_BOUND: Duration = Duration::from_secs(45);
+
 /// 200 waiters on one name, 50 on each of 4 clients, each acquiring once with a 1 ms
-/// hold: every one of them gets the lock exactly once within the wait bound (a herd
-/// loses and starves nobody), the holds never overlap, and tokens rise strictly.
+/// hold: every one of them gets the lock exactly once (a herd loses and starves nobody),
+/// the holds never overlap, tokens rise strictly, and the whole herd is through well
+/// within the holders' ttl, so no waiter slept through a release until the holder's
+/// lease would have run out.
 pub async fn herd_of_waiters_each_get_the_lock_once(f: &dyn Fixture) {
     const CLIENTS: usize = 4;
     const PER_CLIENT: usize = 50;
     let name = unique_name("herd");
     let history = History::new();
     let register = Arc::new(FencedRegister::new(history.clone()));
-    let opts = waiting(f, Duration::from_secs(120));
+    let opts = LockOptions::watchdog(HERD_TTL)
+        .wait(Duration::from_secs(120))
+        .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(20)));
+    let started = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
         let client = f.client().await;
@@ -177,6 +190,11 @@ pub async fn herd_of_waiters_each_get_the_lock_once(f: &dyn Fixture) {
     for task in tasks {
         task.await.expect("a waiter of the herd");
     }
+    let took = started.elapsed();
+    assert!(
+        took < HERD_BOUND,
+        "the herd took {took:?}: a waiter slept through a release (a missed wake-up waits out the holder's {HERD_TTL:?} ttl)"
+    );
     let report = history.check();
     assert_eq!(report.holds, CLIENTS * PER_CLIENT, "not every waiter held the lock once: {report}");
     assert!(report.is_clean(), "history: {report}");

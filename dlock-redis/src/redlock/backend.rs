@@ -466,6 +466,12 @@ impl Backend for RedLockBackend {
         // The client bounds the whole attempt by the operation timeout, from a moment
         // just before this one: start no fan-out that could not finish within it.
         let deadline = Instant::now() + self.config.op_timeout().saturating_sub(self.node_timeout / 4);
+        // A quiet wait is the one right after a split vote and no other: a wait cut short
+        // (the client woke the waiter for a release of its own) must not leave the next
+        // wait, behind a holder, deaf to that holder's release until its ttl.
+        if let Some(ticket) = ticket.as_mut() {
+            ticket.quiet = false;
+        }
         let ask = Ask::new(&self.layout, req, self.keep_ms);
         let mut look = self.look(&ask, deadline).await?;
         if let Look::Busy { split, .. } = look {
