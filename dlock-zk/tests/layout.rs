@@ -129,9 +129,13 @@ async fn uncontended_acquire_and_release_is_three_requests() {
     for _ in 0..ROUNDS {
         client.acquire(&name, &opts).await.expect("acquire").release().await.expect("release");
     }
-    // The `mntr` that reads the counter counts as one packet; an idle ping may add one.
+    // The `mntr` that reads the counter counts as one packet. Pings come on top: the
+    // session pings whenever it has been idle for a while, which a loaded machine's
+    // scheduling gaps cause a few times in a run (303 was seen). A fourth request per
+    // round would add a hundred.
     let requests = received() - before - 1;
-    assert!((3 * ROUNDS..=3 * ROUNDS + 2).contains(&requests), "{requests} requests for {ROUNDS} acquire+release");
+    let pings = ROUNDS / 20;
+    assert!((3 * ROUNDS..=3 * ROUNDS + pings).contains(&requests), "{requests} requests for {ROUNDS} acquire+release");
 }
 
 /// Sessions are pooled by ttl bucket: a hundred different ttls open a handful of
