@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use dlock_core::{Backoff, LockOptions};
 
-use super::{assert_unsupported, eventually, unique_name, watchdog};
+use super::{assert_granted_in_order, assert_unsupported, eventually, unique_name, watchdog};
 use crate::fixture::Fixture;
 use crate::history::{FencedRegister, History, Op, Phase};
 
@@ -153,10 +153,5 @@ async fn fair_order(f: &dyn Fixture, one_client: bool) {
     for task in tasks {
         task.await.expect("waiter");
     }
-    let order = order.lock().unwrap();
-    let waiters: Vec<usize> = order[1..].iter().map(|&(i, _)| i).collect();
-    assert_eq!(waiters, (0..WAITERS).collect::<Vec<_>>(), "grants out of request order");
-    for pair in order.windows(2) {
-        assert!(pair[1].1 > pair[0].1, "a later grant's token is not above the one before: {order:?}");
-    }
+    assert_granted_in_order(&order.lock().unwrap(), WAITERS, "grants out of request order");
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 
 use crate::fixture::{Evict, Faults, Fixture, FullFixture, Needs, Restart, Storage};
-use dlock_core::{LockError, LockName, LockOptions};
+use dlock_core::{FencingToken, LockError, LockName, LockOptions};
 
 pub use ambiguity::*;
 pub use basic::*;
@@ -223,6 +223,16 @@ where
 /// A watchdog lease of the fixture's ttl, waiting up to `wait`.
 pub(crate) fn watchdog(fixture: &dyn Fixture, wait: Duration) -> LockOptions {
     LockOptions::watchdog(fixture.timing().ttl).wait(wait)
+}
+
+/// Asserts that `order`, the holder's grant and then each waiter's as `(waiter, token)`,
+/// has the waiters `0..waiters` in that order and tokens that rise at every grant.
+pub(crate) fn assert_granted_in_order(order: &[(usize, FencingToken)], waiters: usize, what: &str) {
+    let granted: Vec<usize> = order[1..].iter().map(|&(i, _)| i).collect();
+    assert_eq!(granted, (0..waiters).collect::<Vec<_>>(), "{what}");
+    for pair in order.windows(2) {
+        assert!(pair[1].1 > pair[0].1, "a later grant's token is not above the one before: {order:?}");
+    }
 }
 
 /// Asserts that `result` is `Err(Unsupported)`.

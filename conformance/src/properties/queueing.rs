@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dlock_core::{Backoff, FencingToken, LockOptions, Locker};
 
-use super::{eventually, unique_name, watchdog};
+use super::{assert_granted_in_order, eventually, unique_name, watchdog};
 use crate::fixture::Fixture;
 use crate::history::{FencedRegister, History, Op, Phase};
 
@@ -59,12 +59,7 @@ pub async fn local_waiters_are_granted_in_order(f: &dyn Fixture) {
     for task in tasks {
         task.await.expect("waiter");
     }
-    let order = order.lock().unwrap();
-    let waiters: Vec<usize> = order[1..].iter().map(|&(i, _)| i).collect();
-    assert_eq!(waiters, (0..WAITERS).collect::<Vec<_>>(), "a client's waiters were granted out of order");
-    for pair in order.windows(2) {
-        assert!(pair[1].1 > pair[0].1, "a later grant's token is not above the one before: {order:?}");
-    }
+    assert_granted_in_order(&order.lock().unwrap(), WAITERS, "a client's waiters were granted out of order");
 }
 
 /// Of three waiters of one client queued behind a holder, the middle one goes away
