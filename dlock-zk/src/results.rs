@@ -209,8 +209,10 @@ const SWEEP_IN_FLIGHT: usize = 64;
 /// clock), reading at most `batch` of them: those after `cursor` in name order, where the
 /// last call stopped. The cursor goes back to the start once a call reaches the end, so
 /// that calls until [`Swept::more`] is false pass over every result once, each call short
-/// enough for the operation timeout however many results the root holds. Nothing is
-/// done while another client is sweeping.
+/// enough for the operation timeout however many results the root holds; a sweep cut off
+/// halfway leaves the cursor where it stopped, and the next sweep goes on from there to
+/// the end (and the one after it from the start). Nothing is done while another client
+/// is sweeping.
 pub(crate) async fn sweep(
     settings: &Settings,
     session: &Session,
