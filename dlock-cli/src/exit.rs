@@ -41,6 +41,50 @@ impl From<LockError> for Failure {
             LockError::Lost(_) => LOST,
             _ => UNAVAILABLE,
         };
-        Failure::new(code, err.to_string())
+        Failure::new(code, with_causes(&err))
+    }
+}
+
+/// The error's message and, a line each below it, the causes in its source chain that
+/// the message does not say already (a backend often quotes its client library's error).
+fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str("\n  caused by: ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use dlock::LockError;
+
+    use super::{Failure, UNAVAILABLE};
+
+    #[test]
+    fn every_cause_the_message_does_not_say_gets_a_line() {
+        let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused (os error 111)");
+        let err = LockError::unavailable_because("postgres: the database could not be reached", refused);
+        let failure = Failure::from(err);
+        assert_eq!(failure.code, UNAVAILABLE);
+        assert_eq!(
+            failure.message,
+            "backend unavailable: postgres: the database could not be reached\n  caused by: connection refused (os error 111)"
+        );
+    }
+
+    #[test]
+    fn a_cause_the_message_quotes_already_is_not_repeated() {
+        let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "Connection refused");
+        let err = LockError::unavailable_because("redis: Connection refused", refused);
+        assert_eq!(Failure::from(err).message, "backend unavailable: redis: Connection refused");
     }
 }

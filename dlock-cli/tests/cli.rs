@@ -257,6 +257,16 @@ fn unreachable_backend_exits_69() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unavailable"), "{out:?}");
 }
 
+#[test]
+fn an_unreachable_database_is_reported_with_its_cause() {
+    let port = free_port().unwrap();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/dlock?connect_timeout=1s");
+    let out = output(dlock(&url).args(["run", "x", "--", "true"]));
+    assert_eq!(code(&out), 69, "{out:?}");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("\n  caused by: "), "the cause below the message: {text}");
+}
+
 mod redis {
     use super::*;
     use dlock_testkit::supervisor::redis::{RedisConfig, RedisServer};
