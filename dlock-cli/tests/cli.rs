@@ -257,6 +257,48 @@ fn unreachable_backend_exits_69() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unavailable"), "{out:?}");
 }
 
+/// A short `dlock bench` of the scenarios that count: every herd point reports at least
+/// one attempt per grant (the client counts what it sends), and the tasks of one client
+/// hand the lock to each other on every grant.
+#[test]
+fn bench_herd_and_shared_report_what_they_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let out_dir = dir.path().join("out");
+    let out = output(
+        Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--scenario",
+                "herd",
+                "--scenario",
+                "shared",
+                "--waiters",
+                "2,16",
+                "--duration",
+                "300ms",
+                "--out",
+            ])
+            .arg(&out_dir),
+    );
+    assert_eq!(code(&out), 0, "{out:?}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap()).unwrap();
+    let value = |scenario: &str, unit: &str| -> Vec<f64> {
+        let rows = rows.as_array().unwrap().iter();
+        rows.filter(|r| r["scenario"] == scenario && r["unit"] == unit)
+            .map(|r| r["library"].as_f64().unwrap())
+            .collect()
+    };
+    let per_grant = value("herd", "attempts per grant");
+    assert_eq!(per_grant.len(), 2, "{rows}");
+    assert!(per_grant.iter().all(|&a| a >= 1.0), "fewer attempts than grants: {per_grant:?}");
+    let (grants, handoffs) = (value("shared", "handoffs/s"), value("shared", "handoffs between tasks/s"));
+    assert!(grants[0] > 0.0 && handoffs[0] >= grants[0] * 0.8, "the tasks did not take turns: {grants:?} {handoffs:?}");
+}
+
 #[test]
 fn an_unreachable_database_is_reported_with_its_cause() {
     let port = free_port().unwrap();

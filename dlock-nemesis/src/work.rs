@@ -2,10 +2,9 @@
 //! time, each key's work once, and logs each run and its outcome so that the verdict
 //! can find a key whose work ran again after its result was stored.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use dlock::{idempotent, IdempotentError, IdempotentOptions, LockName, LockOptions, Locker, RunOutcome};
+use dlock::{idempotent, IdempotentOptions, LockName, LockOptions, Locker, RunOutcome};
 
 use crate::client::{ClientArgs, Log};
 use crate::clock::now_ns;
@@ -39,11 +38,20 @@ pub(crate) async fn run(
             let started = started.clone();
             move |lease: dlock::LeaseHandle| {
                 let token = lease.token().get();
-                started.store(token, std::sync::atomic::Ordering::SeqCst);
-                starts.event("work", "start", Some(token), &key.to_string());
+                // The same self-check as a holder's before each write: a client paused
+                // between the grant and the start finds its lease run out, and does not
+                // start work another client may be running by now.
+                let valid = !lease.is_lost() && !lease.remaining().is_zero();
+                if valid {
+                    started.store(token, std::sync::atomic::Ordering::SeqCst);
+                    starts.event("work", "start", Some(token), &key.to_string());
+                }
                 async move {
+                    if !valid {
+                        return Err(RanOut);
+                    }
                     tokio::time::sleep(length).await;
-                    Ok::<_, Infallible>(token)
+                    Ok(token)
                 }
             }
         };
@@ -53,7 +61,6 @@ pub(crate) async fn run(
             Ok(RunOutcome::Ran(token)) => ("ran", Some(token)),
             Ok(RunOutcome::Stored(token)) => ("stored", Some(token)),
             Ok(RunOutcome::InProgress(_)) => ("busy", None),
-            Err(IdempotentError::Work(never)) => match never {},
             Err(_) => ("error", started),
         };
         log.event("work", phase, token, &key.to_string());
@@ -62,4 +69,14 @@ pub(crate) async fn run(
         }
     }
     Ok(())
+}
+
+/// Work not started: the lease had run out by the time the work was to start.
+#[derive(Debug)]
+struct RanOut;
+
+impl std::fmt::Display for RanOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the lease ran out before the work started")
+    }
 }

@@ -6,9 +6,11 @@ use std::time::{Duration, Instant};
 
 use dlock_core::{Backoff, LockOptions};
 
-use super::{assert_granted_in_order, assert_unsupported, eventually, unique_name, watchdog};
+use super::{
+    acquire_recorded, assert_granted_in_order, assert_unsupported, eventually, release_recorded, unique_name, watchdog,
+};
 use crate::fixture::Fixture;
-use crate::history::{FencedRegister, History, Op, Phase};
+use crate::history::{FencedRegister, History};
 
 const WORKERS: usize = 8;
 const ITERATIONS: usize = 50;
@@ -32,24 +34,12 @@ pub async fn mutual_exclusion(f: &dyn Fixture) {
             (name.clone(), history.clone(), register.clone(), counter.clone(), opts.clone());
         workers.push(tokio::spawn(async move {
             for _ in 0..ITERATIONS {
-                history.record(process, Op::Acquire, Phase::Invoke, None);
-                let lease = match client.acquire(&name, &opts).await {
-                    Ok(lease) => lease,
-                    Err(e) => {
-                        history.record(process, Op::Acquire, Phase::Fail, None);
-                        panic!("worker {process}: acquire failed: {e}");
-                    }
-                };
-                history.record(process, Op::Acquire, Phase::Ok, Some(lease.token()));
+                let lease = acquire_recorded(&*client, &name, &opts, &history, process).await;
                 let seen = counter.load(Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 counter.store(seen + 1, Ordering::SeqCst);
                 register.write(process, lease.token(), seen + 1).expect("the register refused a current holder");
-                history.record(process, Op::Release, Phase::Invoke, None);
-                match lease.release().await {
-                    Ok(()) => history.record(process, Op::Release, Phase::Ok, None),
-                    Err(e) => panic!("worker {process}: release failed: {e}"),
-                }
+                release_recorded(lease, &history, process).await;
             }
         }));
     }

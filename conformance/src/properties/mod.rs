@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 
 use crate::fixture::{Evict, Faults, Fixture, FullFixture, Needs, Restart, Storage};
-use dlock_core::{FencingToken, LockError, LockName, LockOptions};
+use dlock_core::{FencingToken, Lease, LockError, LockName, LockOptions, Locker};
+
+use crate::history::{History, Op, Phase};
 
 pub use ambiguity::*;
 pub use basic::*;
@@ -232,6 +234,38 @@ pub(crate) fn assert_granted_in_order(order: &[(usize, FencingToken)], waiters: 
     assert_eq!(granted, (0..waiters).collect::<Vec<_>>(), "{what}");
     for pair in order.windows(2) {
         assert!(pair[1].1 > pair[0].1, "a later grant's token is not above the one before: {order:?}");
+    }
+}
+
+/// Acquires `name` as history process `process`, recording the call and its outcome;
+/// panics (after recording the failure) when the acquire fails.
+pub(crate) async fn acquire_recorded(
+    client: &dyn Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    history: &History,
+    process: usize,
+) -> Lease {
+    history.record(process, Op::Acquire, Phase::Invoke, None);
+    match client.acquire(name, opts).await {
+        Ok(lease) => {
+            history.record(process, Op::Acquire, Phase::Ok, Some(lease.token()));
+            lease
+        }
+        Err(e) => {
+            history.record(process, Op::Acquire, Phase::Fail, None);
+            panic!("process {process}: acquire failed: {e}");
+        }
+    }
+}
+
+/// Releases `lease` as history process `process`, recording the call; panics when the
+/// release fails.
+pub(crate) async fn release_recorded(lease: Lease, history: &History, process: usize) {
+    history.record(process, Op::Release, Phase::Invoke, None);
+    match lease.release().await {
+        Ok(()) => history.record(process, Op::Release, Phase::Ok, None),
+        Err(e) => panic!("process {process}: release failed: {e}"),
     }
 }
 

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use dlock_core::{Backoff, FencingToken, LockOptions, Locker};
 
-use super::{assert_granted_in_order, eventually, unique_name, watchdog};
+use super::{acquire_recorded, assert_granted_in_order, eventually, release_recorded, unique_name, watchdog};
 use crate::fixture::Fixture;
-use crate::history::{FencedRegister, History, Op, Phase};
+use crate::history::{FencedRegister, History};
 
 /// Default (not fair) options that wait long and, on a polling backend, poll often.
 fn waiting(f: &dyn Fixture, wait: Duration) -> LockOptions {
@@ -165,20 +165,10 @@ pub async fn herd_of_waiters_each_get_the_lock_once(f: &dyn Fixture) {
             let (client, name, opts, history, register) =
                 (client.clone(), name.clone(), opts.clone(), history.clone(), register.clone());
             tasks.push(tokio::spawn(async move {
-                history.record(process, Op::Acquire, Phase::Invoke, None);
-                let lease = match client.acquire(&name, &opts).await {
-                    Ok(lease) => lease,
-                    Err(e) => {
-                        history.record(process, Op::Acquire, Phase::Fail, None);
-                        panic!("waiter {process} of the herd: {e}");
-                    }
-                };
-                history.record(process, Op::Acquire, Phase::Ok, Some(lease.token()));
+                let lease = acquire_recorded(&*client, &name, &opts, &history, process).await;
                 register.write(process, lease.token(), process as u64).expect("the register refused a current holder");
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                history.record(process, Op::Release, Phase::Invoke, None);
-                lease.release().await.expect("release");
-                history.record(process, Op::Release, Phase::Ok, None);
+                release_recorded(lease, &history, process).await;
             }));
         }
     }

@@ -353,40 +353,26 @@ impl Bench<'_> {
                 let before = attempts(&clients);
                 let name = bench_name("herd");
                 let opts = LockOptions::new().wait(Duration::from_secs(120)).fair(fair);
-                let started = Instant::now();
-                let deadline = started + self.args.duration;
-                let mut running = Vec::with_capacity(waiters);
-                for waiter in 0..waiters {
-                    let (client, name, opts) = (clients[waiter % CLIENTS].clone(), name.clone(), opts.clone());
-                    running.push(tokio::spawn(async move {
-                        let mut waits = histogram();
-                        while Instant::now() < deadline {
-                            let asked = Instant::now();
+                let shared = Arc::new(clients);
+                let turns = take_turns(waiters, self.args.duration, {
+                    let clients = shared.clone();
+                    move |waiter| {
+                        let (client, name, opts) = (clients[waiter % CLIENTS].clone(), name.clone(), opts.clone());
+                        async move {
                             let lease = client.acquire(&name, &opts).await?;
-                            waits.saturating_record(micros(asked.elapsed()));
-                            hold(Duration::from_millis(1)).await;
-                            lease.release().await?;
+                            Ok(async move { lease.release().await.map(drop) })
                         }
-                        Ok::<_, LockError>(waits)
-                    }));
-                }
-                let mut waits = histogram();
-                for task in running {
-                    let task = task.await.map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))??;
-                    waits.add(task).map_err(|e| Failure::new(crate::exit::UNAVAILABLE, e.to_string()))?;
-                }
-                let seconds = started.elapsed().as_secs_f64();
-                let sent = attempts(&clients) - before;
+                    }
+                })
+                .await?;
+                let sent = attempts(&shared) - before;
                 bar.finish_and_clear();
                 let point = format!("{waiters} waiters, {CLIENTS} clients{}", if fair { ", fair" } else { "" });
-                let note = format!("{} grants, {sent} attempts", waits.len());
-                rows.push(Row {
-                    note: note.clone(),
-                    ..self.row("herd", point.clone(), "handoffs/s", waits.len() as f64 / seconds)
-                });
-                rows.push(self.row("herd", point.clone(), "p50 wait µs", waits.value_at_percentile(50.0) as f64));
-                rows.push(self.row("herd", point.clone(), "p99 wait µs", waits.value_at_percentile(99.0) as f64));
-                let per_grant = if waits.is_empty() { 0.0 } else { sent as f64 / waits.len() as f64 };
+                let note = format!("{} grants, {sent} attempts", turns.granted);
+                rows.push(Row { note: note.clone(), ..self.row("herd", point.clone(), "handoffs/s", turns.grants) });
+                rows.push(self.row("herd", point.clone(), "p50 wait µs", turns.p50_wait));
+                rows.push(self.row("herd", point.clone(), "p99 wait µs", turns.p99_wait));
+                let per_grant = if turns.granted == 0 { 0.0 } else { sent as f64 / turns.granted as f64 };
                 rows.push(Row { note, ..self.row("herd", point, "attempts per grant", per_grant) });
             }
         }
@@ -403,7 +389,7 @@ impl Bench<'_> {
         const TASKS: usize = 8;
         let bar = progress(1, format!("{}: {TASKS} tasks on one client", self.backend));
         let local = Arc::new(tokio::sync::Mutex::new(()));
-        let ceiling = take_turns(TASKS, self.args.duration, move || {
+        let ceiling = take_turns(TASKS, self.args.duration, move |_| {
             let local = local.clone();
             async move {
                 let guard = local.lock_owned().await;
@@ -420,7 +406,7 @@ impl Bench<'_> {
             let name = bench_name("shared");
             let opts = LockOptions::new().wait(Duration::from_secs(60)).fair(fair);
             let locker = self.locker.clone();
-            let turns = take_turns(TASKS, self.args.duration, move || {
+            let turns = take_turns(TASKS, self.args.duration, move |_| {
                 let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
                 async move {
                     let lease = locker.acquire(&name, &opts).await?;
@@ -653,12 +639,14 @@ fn resident_bytes() -> Option<u64> {
 
 /// What [`take_turns`] saw.
 struct Turns {
-    /// Grants per second.
+    /// How many grants there were, and how many per second.
+    granted: u64,
     grants: f64,
     /// Grants per second that went to another task than the grant before (a task that
     /// lets go and takes the lock straight back is not a hand-off).
     handoffs: f64,
-    /// The p99 and the longest wait of an acquire, in µs.
+    /// The p50, the p99 and the longest wait of an acquire, in µs.
+    p50_wait: f64,
     p99_wait: f64,
     max_wait: f64,
     /// Jain's index over the tasks' grant counts.
@@ -676,11 +664,11 @@ fn jain(counts: &[u64]) -> f64 {
     }
 }
 
-/// `tasks` tasks take turns for `duration`: acquire (through `acquire`, whose output
-/// releases), hold for 1 ms, release.
+/// `tasks` tasks take turns for `duration`: acquire (through `acquire`, called with the
+/// task's index, whose output releases), hold for 1 ms, release.
 async fn take_turns<A, Fut, R>(tasks: usize, duration: Duration, acquire: A) -> Result<Turns, Failure>
 where
-    A: Fn() -> Fut + Clone + Send + 'static,
+    A: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<R, LockError>> + Send,
     R: std::future::Future<Output = Result<(), LockError>> + Send,
 {
@@ -696,7 +684,7 @@ where
             let mut waits = histogram();
             while Instant::now() < deadline {
                 let asked = Instant::now();
-                let release = acquire().await?;
+                let release = acquire(task as usize).await?;
                 waits.saturating_record(micros(asked.elapsed()));
                 if last.swap(task, Ordering::SeqCst) != task {
                     handoffs.fetch_add(1, Ordering::Relaxed);
@@ -716,7 +704,9 @@ where
     }
     let seconds = started.elapsed().as_secs_f64();
     Ok(Turns {
+        granted: waits.len(),
         grants: waits.len() as f64 / seconds,
+        p50_wait: waits.value_at_percentile(50.0) as f64,
         handoffs: handoffs.load(Ordering::Relaxed) as f64 / seconds,
         p99_wait: waits.value_at_percentile(99.0) as f64,
         max_wait: waits.max() as f64,
