@@ -8,6 +8,8 @@ use dlock::LockError;
 pub(crate) const USAGE: u8 = 64;
 /// The backend could not be reached or failed.
 pub(crate) const UNAVAILABLE: u8 = 69;
+/// The connection was refused for its credentials or TLS (`LockError::Refused`).
+pub(crate) const NOPERM: u8 = 77;
 /// The lock was not acquired within `--wait`.
 pub(crate) const TEMPFAIL: u8 = 75;
 /// The lease was lost while the command ran.
@@ -39,6 +41,7 @@ impl From<LockError> for Failure {
             LockError::InvalidInput(_) | LockError::Unsupported(_) => USAGE,
             LockError::Timeout => TEMPFAIL,
             LockError::Lost(_) => LOST,
+            LockError::Refused { .. } => NOPERM,
             _ => UNAVAILABLE,
         };
         Failure::new(code, with_causes(&err))
@@ -67,18 +70,42 @@ mod tests {
 
     use dlock::LockError;
 
-    use super::{Failure, UNAVAILABLE};
+    use super::{Failure, NOPERM, UNAVAILABLE};
+
+    /// A client library's error with a cause of its own.
+    #[derive(Debug)]
+    struct PoolTimedOut(io::Error);
+
+    impl std::fmt::Display for PoolTimedOut {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("pool timed out")
+        }
+    }
+
+    impl std::error::Error for PoolTimedOut {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
 
     #[test]
     fn every_cause_the_message_does_not_say_gets_a_line() {
         let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused (os error 111)");
-        let err = LockError::unavailable_because("postgres: the database could not be reached", refused);
+        let err = LockError::unavailable_because("the database could not be reached", PoolTimedOut(refused))
+            .at(|| "postgres://db:5432/shop".into());
         let failure = Failure::from(err);
         assert_eq!(failure.code, UNAVAILABLE);
         assert_eq!(
             failure.message,
-            "backend unavailable: postgres: the database could not be reached\n  caused by: connection refused (os error 111)"
+            "backend unavailable: postgres://db:5432/shop: the database could not be reached: pool timed out\n  \
+             caused by: connection refused (os error 111)"
         );
+    }
+
+    #[test]
+    fn a_refusal_has_its_own_exit_code() {
+        let err = LockError::refused("the server did not accept the user name and password", None);
+        assert_eq!(Failure::from(err).code, NOPERM);
     }
 
     #[test]

@@ -59,7 +59,8 @@ enum Command {
     ///
     /// Exit codes of dlock itself: 75 the lock was not acquired within --wait, 76 the lease
     /// was lost while the command ran (the command got SIGTERM), 69 the backend is
-    /// unreachable, 64 bad arguments or URL.
+    /// unreachable, 77 the connection was refused for its credentials or TLS, 64 bad
+    /// arguments or URL.
     Run(run::RunArgs),
     /// Run a command while this process leads an election; exit with its exit code.
     ///

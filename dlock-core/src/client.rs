@@ -373,14 +373,16 @@ fn check_capabilities(caps: Capabilities, opts: &LockOptions) -> Result<(), Lock
 impl<B: Backend> Inner<B> {
     /// Bounds one backend operation by the operation timeout.
     async fn timed<T>(&self, what: &str, op: impl Future<Output = Result<T, LockError>>) -> Result<T, LockError> {
-        match tokio::time::timeout(self.config.op_timeout, op).await {
+        let result = match tokio::time::timeout(self.config.op_timeout, op).await {
             Ok(result) => result,
             Err(_) => Err(LockError::unavailable(format!(
                 "{} {what} did not complete within {:?}",
                 self.backend.name(),
                 self.config.op_timeout
             ))),
-        }
+        };
+        // Every backend's operation errors pass here: the one place that names the server.
+        result.map_err(|err| err.at(|| self.backend.target()))
     }
 
     /// Waits for this acquire's turn among the client's waiters of the same name, where
@@ -503,7 +505,7 @@ impl<B: Backend> Inner<B> {
                 Some(Ok(())) => {}
                 Some(Err(err)) => {
                     self.abandon(req, ticket).await;
-                    return Err(err);
+                    return Err(err.at(|| self.backend.target()));
                 }
                 None => {
                     self.abandon(req, ticket).await;

@@ -62,11 +62,33 @@ pub enum LockError {
     Lost(LostReason),
     /// The backend could not be reached within its connect or operation timeout, or the
     /// connection failed. Retrying later may succeed.
-    #[error("backend unavailable: {what}")]
+    ///
+    /// The message names the server (`target`, without credentials) and quotes the
+    /// client library's error (`source`), on every backend.
+    #[error("backend unavailable: {}", explain(target.as_deref(), what, source.as_deref()))]
+    #[non_exhaustive]
     Unavailable {
         /// What could not be done.
         what: String,
+        /// The server or servers it could not be done on, as [`Locker::target`](crate::Locker::target)
+        /// names them (never with a password), once known.
+        target: Option<String>,
         /// The client library's error, when there was one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The connection was refused for who or how it connects: a wrong user or password,
+    /// TLS the server requires and the client does not use, a server certificate that does
+    /// not verify (an unknown CA, another host name). Not transient: retrying cannot help
+    /// until the URL, the credentials or the server's configuration change.
+    #[error("connection refused: {}", explain(target.as_deref(), why, source.as_deref()))]
+    #[non_exhaustive]
+    Refused {
+        /// Why, in words that say what to change.
+        why: String,
+        /// The server that refused, or that the client refused (never with a password).
+        target: Option<String>,
+        /// The client library's error.
         #[source]
         source: Option<BoxError>,
     },
@@ -95,17 +117,77 @@ impl LockError {
 
     /// The backend could not be reached: `what` says what could not be done.
     pub fn unavailable(what: impl Into<String>) -> Self {
-        LockError::Unavailable { what: what.into(), source: None }
+        LockError::Unavailable { what: what.into(), target: None, source: None }
     }
 
     /// The backend could not be reached because of `source`, a client library's error
-    /// (kept as the error's source, so its chain is not lost).
+    /// (kept as the error's source, so its chain is not lost, and quoted in the message).
     pub fn unavailable_because(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        LockError::Unavailable { what: what.into(), source: Some(source.into()) }
+        LockError::Unavailable { what: what.into(), target: None, source: Some(source.into()) }
+    }
+
+    /// The connection was refused (see [`LockError::Refused`]): `why` says what to change.
+    pub fn refused(why: impl Into<String>, source: Option<BoxError>) -> Self {
+        LockError::Refused { why: why.into(), target: None, source }
+    }
+
+    /// Names the server an `Unavailable` or `Refused` error was about, if it does not name
+    /// one yet; other errors are returned as they are. Clients call it with their
+    /// [`Locker::target`](crate::Locker::target), so that every backend's errors name
+    /// their server the same way.
+    ///
+    /// ```
+    /// use dlock_core::LockError;
+    ///
+    /// let err = LockError::unavailable_because("connecting failed", std::io::Error::other("connection refused"));
+    /// let err = err.at(|| "postgres://10.0.0.5:5432/shop".to_string());
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "backend unavailable: postgres://10.0.0.5:5432/shop: connecting failed: connection refused"
+    /// );
+    /// assert_eq!(err.target(), Some("postgres://10.0.0.5:5432/shop"));
+    /// ```
+    pub fn at(mut self, target: impl FnOnce() -> String) -> Self {
+        if let LockError::Unavailable { target: at @ None, .. } | LockError::Refused { target: at @ None, .. } =
+            &mut self
+        {
+            *at = Some(target());
+        }
+        self
+    }
+
+    /// The server an `Unavailable` or `Refused` error names, if any.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            LockError::Unavailable { target, .. } | LockError::Refused { target, .. } => target.as_deref(),
+            _ => None,
+        }
     }
 
     /// Whether retrying the same call later could succeed (the backend was unreachable).
     pub fn is_transient(&self) -> bool {
         matches!(self, LockError::Unavailable { .. } | LockError::QuorumNotReached { .. })
     }
+}
+
+/// The message of an error about a server: the server, what happened, and the client
+/// library's error unless `what` quotes it already.
+fn explain(
+    target: Option<&str>,
+    what: &str,
+    source: Option<&(dyn std::error::Error + Send + Sync + 'static)>,
+) -> String {
+    let mut text = String::new();
+    if let Some(target) = target {
+        text.push_str(target);
+        text.push_str(": ");
+    }
+    text.push_str(what);
+    if let Some(cause) = source.map(ToString::to_string) {
+        if !cause.is_empty() && !what.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::backend::{Attempt, Backend, LostSignal, Release, Renewal, Request};
-use dlock_core::{Capabilities, FencingToken, LockError, LockInfo, LockName, StoredResult};
+use dlock_core::{Capabilities, ConnectConfig, FencingToken, LockError, LockInfo, LockName, StoredResult};
 use etcd_client::Client;
 
 use crate::cluster::Cluster;
+use crate::config::EtcdConfig;
 use crate::lock::{EtcdTicket, Shared};
 use crate::registry::EtcdHold;
 
@@ -28,9 +29,9 @@ impl std::fmt::Debug for EtcdBackend {
 }
 
 impl EtcdBackend {
-    pub(crate) fn new(cluster: Cluster, prefix: String, op_timeout: Duration, endpoints: &[String]) -> Self {
-        let target = format!("{} prefix {prefix}", endpoints.join(","));
-        EtcdBackend { shared: Shared::new(cluster, prefix, op_timeout), target }
+    pub(crate) fn new(cluster: Cluster, config: &EtcdConfig) -> Self {
+        let shared = Shared::new(cluster, config.prefix().to_string(), config.op_timeout());
+        EtcdBackend { shared, target: target(config) }
     }
 
     /// The etcd client of the member this backend talks to now, for users who keep their
@@ -124,4 +125,10 @@ impl Backend for EtcdBackend {
     fn watch_hold(&self, hold: &EtcdHold, signal: LostSignal) {
         self.shared.registry.watch(hold, signal);
     }
+}
+
+/// Where a client of `config` keeps its locks (see [`Backend::target`]): the endpoints and
+/// the key prefix.
+pub(crate) fn target(config: &EtcdConfig) -> String {
+    format!("{} prefix {}", config.endpoints().join(","), config.prefix())
 }

@@ -162,7 +162,7 @@ pub type EtcdLocker = Client<EtcdBackend>;
 /// connect timeout) and returns a lock client whose operations are bounded by the
 /// operation timeout.
 pub async fn connect(config: EtcdConfig) -> Result<EtcdLocker, LockError> {
-    let cluster = connect::open(&config).await?;
-    let backend = EtcdBackend::new(cluster, config.prefix().to_string(), config.op_timeout(), &config.endpoints());
+    let cluster = connect::open(&config).await.map_err(|err| err.at(|| backend::target(&config)))?;
+    let backend = EtcdBackend::new(cluster, &config);
     Ok(Client::with_config(backend, config.common().client_config()))
 }

@@ -165,13 +165,14 @@ async fn connect_and_check(config: &RedisConfig, check: bool) -> Result<Connecte
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(Ok(connected)) => Ok(connected),
-        Ok(Err(err)) if crate::error::is_transient(&err) => {
-            Err(LockError::unavailable(format!("cannot connect to Redis ({}): {err}", describe(config))))
-        }
-        Ok(Err(err)) => Err(to_lock_error(err)),
-        Err(_) => {
-            Err(LockError::unavailable(format!("cannot connect to Redis ({}) within {timeout:?}", describe(config))))
-        }
+        // The client names the server (`LockError::at`).
+        Ok(Err(err)) => Err(match to_lock_error(err) {
+            LockError::Unavailable { source: Some(cause), .. } => {
+                LockError::unavailable_because("cannot connect", cause)
+            }
+            other => other,
+        }),
+        Err(_) => Err(LockError::unavailable(format!("cannot connect within {timeout:?}"))),
     }
 }
 

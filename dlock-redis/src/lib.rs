@@ -286,9 +286,10 @@ pub type RedisLocker = Client<RedisBackend>;
 /// configuration.
 pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
     let layout = KeyLayout::new(config.prefix())?;
-    let connected = connection::connect(&config).await?;
+    let named = |err: LockError| err.at(|| config.target());
+    let connected = connection::connect(&config).await.map_err(named)?;
     let replica_ack = match config.replica_ack() {
-        Some(ack) => Some((ack, connection::connect_more(&config, ACKED_CONNECTIONS).await?)),
+        Some(ack) => Some((ack, connection::connect_more(&config, ACKED_CONNECTIONS).await.map_err(named)?)),
         None => None,
     };
     let subscriptions = pubsub::Subscriptions::start(connected.nodes, config.connect_timeout(), config.op_timeout());

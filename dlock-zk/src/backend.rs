@@ -798,7 +798,7 @@ impl Backend for ZkBackend {
     }
 
     fn target(&self) -> String {
-        format!("zk://{}{}", self.settings.config.connect_string(), self.settings.config.root())
+        target(&self.settings.config)
     }
 
     /// A watchdog lease's renewals are what confirm its session: each keeps the hold for
@@ -818,4 +818,10 @@ impl Backend for ZkBackend {
     fn watch_hold(&self, hold: &ZkHold, signal: LostSignal) {
         hold.node.watch(hold.id, signal);
     }
+}
+
+/// Where a client of `config` keeps its locks (see [`Backend::target`]): the servers and
+/// the root znode.
+pub(crate) fn target(config: &ZkConfig) -> String {
+    format!("zk://{}{}", config.connect_string(), config.root())
 }

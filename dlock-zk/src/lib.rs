@@ -180,7 +180,8 @@ pub type ZkLocker = Client<ZkBackend>;
 /// connect timeout when no member can be reached.
 pub async fn connect(config: ZkConfig) -> Result<ZkLocker, LockError> {
     let client = config.common().client_config();
-    let backend = ZkBackend::connect(config).await?;
+    let target = backend::target(&config);
+    let backend = ZkBackend::connect(config).await.map_err(|err| err.at(|| target))?;
     Ok(Client::with_config(backend, client))
 }
 

@@ -46,7 +46,8 @@ pub async fn vanished_holder_frees_within_ttl(f: &dyn Faults) {
 }
 
 /// A backend that cannot be reached gives `Unavailable` within the configured timeout
-/// (plus a margin), never a hang, for acquire, try_acquire and inspect.
+/// (plus a margin), never a hang, for acquire, try_acquire and inspect; each error names
+/// the server it could not reach (the client's target).
 pub async fn unreachable_backend_fails_fast(f: &dyn Faults) {
     let margin = f.timing().margin;
     let timeout = Duration::from_millis(500);
@@ -55,25 +56,41 @@ pub async fn unreachable_backend_fails_fast(f: &dyn Faults) {
     let started = Instant::now();
     let client = match f.unreachable_client(timeout).await {
         Ok(client) => client,
-        Err(LockError::Unavailable { .. }) => {
+        Err(err @ LockError::Unavailable { .. }) => {
             assert!(started.elapsed() < bound, "connecting failed only after {:?}", started.elapsed());
+            // The error says where: an operator reading it knows which server to look at.
+            let target = err.target().unwrap_or_else(|| panic!("the error names no server: {err}"));
+            assert!(!target.is_empty() && err.to_string().contains(target), "{err}");
             return;
         }
         Err(other) => panic!("connecting to an unreachable backend: expected Unavailable, got {other}"),
+    };
+    let names_the_server = |what: &str, err: LockError| {
+        assert_eq!(err.target(), Some(client.target().as_str()), "{what}: the error names another server: {err}");
+        assert!(err.to_string().contains(&client.target()), "{what}: {err}");
     };
     let opts = LockOptions::new().wait(Duration::from_secs(60));
     let started = Instant::now();
     let acquired = client.acquire(&name, &opts).await;
     assert!(matches!(acquired, Err(LockError::Unavailable { .. })), "acquire: {acquired:?}");
     assert!(started.elapsed() < bound, "acquire failed only after {:?}", started.elapsed());
+    if let Err(err) = acquired {
+        names_the_server("acquire", err);
+    }
     let started = Instant::now();
     let tried = client.try_acquire(&name, &opts).await;
     assert!(matches!(tried, Err(LockError::Unavailable { .. })), "try_acquire: {tried:?}");
     assert!(started.elapsed() < bound, "try_acquire failed only after {:?}", started.elapsed());
+    if let Err(err) = tried {
+        names_the_server("try_acquire", err);
+    }
     let started = Instant::now();
     let inspected = client.inspect(&name).await;
     assert!(matches!(inspected, Err(LockError::Unavailable { .. })), "inspect: {inspected:?}");
     assert!(started.elapsed() < bound, "inspect failed only after {:?}", started.elapsed());
+    if let Err(err) = inspected {
+        names_the_server("inspect", err);
+    }
 }
 
 /// A holder frozen (its link blackholed) past its ttl loses the lock to another client,

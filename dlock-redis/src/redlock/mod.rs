@@ -161,7 +161,7 @@ pub type RedLockLocker = Client<RedLockBackend>;
 /// than a quorum do, `InvalidInput` for a bad configuration.
 pub async fn connect(config: RedLockConfig) -> Result<RedLockLocker, LockError> {
     let layout = KeyLayout::new(config.prefix())?;
-    let nodes = nodes::connect(&config).await?;
+    let nodes = nodes::connect(&config).await.map_err(|err| err.at(|| config.target()))?;
     let backend = RedLockBackend::new(nodes, layout, &config);
     Ok(Client::with_config(backend, config.common().client_config()))
 }

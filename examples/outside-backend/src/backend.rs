@@ -111,7 +111,10 @@ impl ConnectConfig for LeaseMapConfig {
 /// ```
 pub async fn connect(config: LeaseMapConfig) -> Result<LeaseMapLocker, LockError> {
     config.common.validate()?;
-    let wire = Wire::connect(config.server.clone(), config.common.connect_timeout).await?;
+    // Errors name the server, as the client's errors do once it is connected.
+    let wire = Wire::connect(config.server.clone(), config.common.connect_timeout)
+        .await
+        .map_err(|err| err.at(|| target(&config.server)))?;
     let backend = LeaseMapBackend { wire, keep_idle: config.common.keep_idle };
     Ok(Client::with_config(backend, config.common.client_config()))
 }
@@ -304,8 +307,13 @@ impl Backend for LeaseMapBackend {
     }
 
     fn target(&self) -> String {
-        format!("{}@{}", crate::DRIVER, self.wire.server())
+        target(self.wire.server())
     }
+}
+
+/// Where a client of `server` keeps its locks (see [`Backend::target`]).
+fn target(server: &HostPort) -> String {
+    format!("{}@{server}", crate::DRIVER)
 }
 
 /// An operator's connection to a lease server, for what no lock client does: remove a
