@@ -73,7 +73,9 @@ pub type AdvisoryLocker = Client<AdvisoryBackend>;
 /// connect timeout when the database cannot be reached; `InvalidInput` for SQLite.
 pub async fn connect_advisory(config: SqlConfig) -> Result<AdvisoryLocker, LockError> {
     let client = config.common.client_config();
-    let backend = AdvisoryBackend::connect(config).await?;
+    let named = config.clone();
+    let backend =
+        AdvisoryBackend::connect(config).await.map_err(|err| err.at(|| named.describe(&named.advisory_table())))?;
     Ok(Client::with_config(backend, client))
 }
 
@@ -190,8 +192,19 @@ impl AdvisoryBackend {
         if config.dialect == Dialect::Sqlite {
             return Err(LockError::InvalidInput("SQLite has no advisory locks".into()));
         }
+        let given_verifies =
+            matches!(&config.target, Target::Given(given) if crate::tls::pool_verifies_host(&given.pool));
+        if crate::tls::verifies_host(&config.tls) || given_verifies {
+            // Each session reaches the server through a relay on the loopback address,
+            // which the server's certificate does not name.
+            return Err(LockError::InvalidInput(
+                "advisory locks cannot check the server's host name (sslmode=verify-full, ssl-mode=VERIFY_IDENTITY): \
+                 use verify-ca / VERIFY_CA, or the lease table (lock=lease)"
+                    .into(),
+            ));
+        }
         let pool = Pool::connect(&config, &Warm::default()).await?;
-        let table = format!("{}_advisory", config.common.prefix);
+        let table = config.advisory_table();
         let results_table = format!("{}_advisory_results", config.common.prefix);
         let results = ResultSql::new(config.dialect, &results_table);
         let classid = classid(&table);
@@ -412,8 +425,11 @@ impl AdvisoryBackend {
         // Go through the link, so a cut client cannot open sessions either.
         let _ = self.shared.conn.pool().await?;
         let config = self.shared.conn.config();
-        let Target::Server(url) = &config.target else {
-            return Err(LockError::InvalidInput("advisory locks need a database server".into()));
+        // A session's connect options: the URL's, or the application pool's own.
+        let given = match &config.target {
+            Target::Server(url) => Options::Url(url),
+            Target::Given(given) => Options::Pool(&given.pool),
+            _ => return Err(LockError::InvalidInput("advisory locks need a database server".into())),
         };
         let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad URL: {e}"));
         let unavailable = |e: std::io::Error| LockError::unavailable(format!("cannot reach the database: {e}"));
@@ -422,7 +438,15 @@ impl AdvisoryBackend {
             Ok::<_, LockError>(match config.dialect {
                 #[cfg(feature = "postgres")]
                 Dialect::Postgres => {
-                    let mut opts = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?;
+                    let mut opts = match given {
+                        Options::Url(url) => crate::tls::postgres(
+                            sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?,
+                            &config.tls,
+                        ),
+                        Options::Pool(Pool::Postgres(pool)) => (*pool.connect_options()).clone(),
+                        #[allow(unreachable_patterns)]
+                        Options::Pool(_) => return Err(LockError::InvalidInput("not a PostgreSQL pool".into())),
+                    };
                     if let Some((user, password)) = &config.credentials {
                         opts = opts.username(user).password(password);
                     }
@@ -433,7 +457,15 @@ impl AdvisoryBackend {
                 }
                 #[cfg(feature = "mysql")]
                 Dialect::MySql => {
-                    let mut opts = sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad)?;
+                    let mut opts = match given {
+                        Options::Url(url) => crate::tls::mysql(
+                            sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad)?,
+                            &config.tls,
+                        ),
+                        Options::Pool(Pool::MySql(pool)) => (*pool.connect_options()).clone(),
+                        #[allow(unreachable_patterns)]
+                        Options::Pool(_) => return Err(LockError::InvalidInput("not a MySQL pool".into())),
+                    };
                     if let Some((user, password)) = &config.credentials {
                         opts = opts.username(user).password(password);
                     }
@@ -584,6 +616,13 @@ impl AdvisoryBackend {
 }
 
 #[cfg(feature = "postgres")]
+/// Where a new session's connect options come from.
+#[derive(Clone, Copy)]
+enum Options<'a> {
+    Url(&'a str),
+    Pool(&'a Pool),
+}
+
 fn relayed_pg(
     opts: sqlx::postgres::PgConnectOptions,
     relay: &std::net::SocketAddr,

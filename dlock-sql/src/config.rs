@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError};
 
+use crate::db::Pool;
+use crate::tls;
+
 /// The SQL dialects this crate speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dialect {
@@ -54,7 +57,39 @@ pub(crate) enum Target {
     File(PathBuf),
     /// A private in-memory SQLite database (one per connect).
     Memory,
+    /// The application's own pool.
+    Given(Given),
 }
+
+/// The application's own pool: its connections are used for the lock statements, and it is
+/// never closed by this crate. Two are the same target only if they are the same pool.
+#[derive(Clone)]
+pub(crate) struct Given {
+    pub(crate) pool: Pool,
+    id: u64,
+}
+
+impl Given {
+    fn new(pool: Pool) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Given { pool, id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
+    }
+}
+
+impl std::fmt::Debug for Given {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The pool's connect options hold its password: show only where it goes.
+        write!(f, "Given({})", self.pool.describe())
+    }
+}
+
+impl PartialEq for Given {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Given {}
 
 /// How to reach a SQL database and keep locks in it.
 ///
@@ -100,6 +135,8 @@ pub struct SqlConfig {
     pub(crate) kind: LockKind,
     pub(crate) busy_timeout: Option<Duration>,
     pub(crate) credentials: Option<(String, String)>,
+    /// TLS options of the URL, in the database's own names, handed on to the driver.
+    pub(crate) tls: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for SqlConfig {
@@ -118,6 +155,7 @@ impl std::fmt::Debug for SqlConfig {
             .field("kind", &self.kind)
             .field("busy_timeout", &self.busy_timeout)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -166,7 +204,11 @@ impl SqlConfig {
                     }
                 }
                 "busy_timeout" => config.busy_timeout = Some(parse_duration(&value)?),
-                _ => return Err(LockError::InvalidInput(format!("unknown option {key:?} in a SQL URL"))),
+                _ if tls::is_option(dialect, &key) => {
+                    tls::check(dialect, &key, &value)?;
+                    config.tls.push((key, value));
+                }
+                _ => return Err(LockError::InvalidInput(unknown_option(dialect, &key))),
             }
         }
         if config.kind == LockKind::Advisory && dialect == Dialect::Sqlite {
@@ -185,6 +227,51 @@ impl SqlConfig {
         SqlConfig::new(Dialect::Sqlite, Target::Memory)
     }
 
+    /// Locks in the database of the application's own PostgreSQL pool (sqlx 0.9, also
+    /// re-exported as [`crate::sqlx`]).
+    ///
+    /// The lease-table client runs its statements on the pool's connections (at most as
+    /// many as the pool allows; waiters hold none while they wait) and opens one more
+    /// connection of its own, with the pool's connect options, to `LISTEN` for releases.
+    /// An advisory client (`with_lock_kind(LockKind::Advisory)`) uses the pool for its
+    /// tables and opens one session per lock it holds, also with the pool's options (see
+    /// [`with_pool_size`](Self::with_pool_size) for how many it keeps idle). The pool's
+    /// options (TLS, credentials, size) are the pool's: the URL options of this crate
+    /// that set them do not apply, and dropping or closing the client never closes the pool.
+    ///
+    /// ```no_run
+    /// use dlock_sql::{sqlx::PgPool, SqlConfig};
+    /// use dlock_core::{ConnectConfig, LockName, LockOptions, Locker};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = PgPool::connect("postgres://app@db/shop?sslmode=verify-full").await?;
+    /// let locker = dlock_sql::connect(SqlConfig::from_pg_pool(pool.clone()).with_prefix("shop")).await?;
+    /// let lease = locker.acquire(&LockName::new("orders/42")?, &LockOptions::new()).await?;
+    /// // ... the same pool serves the application's own queries ...
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn from_pg_pool(pool: sqlx::PgPool) -> Self {
+        SqlConfig::new(Dialect::Postgres, Target::Given(Given::new(Pool::Postgres(pool))))
+    }
+
+    /// Locks in the database of the application's own MySQL/MariaDB pool; as
+    /// [`from_pg_pool`](Self::from_pg_pool), except that waiters poll (MySQL has no
+    /// `LISTEN`), so the client opens no connection of its own for the lease table.
+    #[cfg(feature = "mysql")]
+    pub fn from_mysql_pool(pool: sqlx::MySqlPool) -> Self {
+        SqlConfig::new(Dialect::MySql, Target::Given(Given::new(Pool::MySql(pool))))
+    }
+
+    /// Locks in the application's own SQLite pool; as [`from_pg_pool`](Self::from_pg_pool),
+    /// except that waiters poll and the client opens no connection of its own. The pool's
+    /// busy timeout is the pool's (set it with `SqliteConnectOptions::busy_timeout`).
+    #[cfg(feature = "sqlite")]
+    pub fn from_sqlite_pool(pool: sqlx::SqlitePool) -> Self {
+        SqlConfig::new(Dialect::Sqlite, Target::Given(Given::new(Pool::Sqlite(pool))))
+    }
+
     fn new(dialect: Dialect, target: Target) -> Self {
         SqlConfig {
             dialect,
@@ -195,6 +282,7 @@ impl SqlConfig {
             kind: LockKind::Lease,
             busy_timeout: None,
             credentials: None,
+            tls: Vec::new(),
         }
     }
 
@@ -262,6 +350,11 @@ impl SqlConfig {
         format!("{}_leases", self.common.prefix)
     }
 
+    /// The table of the advisory client's fence counters and idle rows.
+    pub(crate) fn advisory_table(&self) -> String {
+        format!("{}_advisory", self.common.prefix)
+    }
+
     /// The name of the table beside the lease table that keeps stored results.
     pub fn results_table(&self) -> String {
         format!("{}_results", self.common.prefix)
@@ -317,6 +410,7 @@ impl SqlConfig {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
                 format!("sqlite::memory: #{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
             }
+            Target::Given(given) => given.pool.describe(),
         };
         format!("{place} table {table}")
     }
@@ -325,6 +419,15 @@ impl SqlConfig {
     pub fn user(&self) -> Option<&str> {
         self.credentials.as_ref().map(|(user, _)| user.as_str())
     }
+}
+
+fn unknown_option(dialect: Dialect, key: &str) -> String {
+    let tls = match dialect {
+        Dialect::Postgres => " (TLS options: sslmode, sslrootcert, sslcert, sslkey)",
+        Dialect::MySql => " (TLS options: ssl-mode, ssl-ca, ssl-cert, ssl-key)",
+        Dialect::Sqlite => "",
+    };
+    format!("unknown option {key:?} in a SQL URL{tls}")
 }
 
 fn bad_option(key: &str, value: &str) -> LockError {
@@ -462,7 +565,11 @@ mod tests {
             "postgres://h/db?pool_size=x",
             "postgres://h/db?prefix=a-b",
             "postgres://h/db?prefix=1a",
-            "postgres://h/db?sslmode=require",
+            "postgres://h/db?sslmode=required",
+            "postgres://h/db?ssl-mode=REQUIRED",
+            "mysql://h/db?sslmode=require",
+            "mysql://h/db?ssl-mode=verify-full",
+            "sqlite::memory:?sslmode=require",
             "mysql://h/db?create_table=maybe",
         ] {
             assert!(matches!(SqlConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");

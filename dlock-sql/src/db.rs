@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::{Dialect, SqlConfig, Target};
 use crate::dialect::{LeaseSql, Param, Reply, Stmt};
-use crate::error::{is_lock_contention, is_rolled_back, lock_error};
+use crate::error::{connect_error, is_lock_contention, is_rolled_back, lock_error};
 
 /// How many times a statement rolled back by a deadlock or serialization failure is sent
 /// again before its error is returned.
@@ -351,17 +351,51 @@ impl RollbackRetry {
 }
 
 impl Pool {
+    /// Where the pool's connections go, without credentials: `postgres://host:port/db`,
+    /// `sqlite:///path/file.db`.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(p) => {
+                let o = p.connect_options();
+                format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
+            }
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => {
+                let o = p.connect_options();
+                format!("mysql://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
+            }
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(p) => format!("sqlite://{}", p.connect_options().get_filename().display()),
+        }
+    }
+
     /// Opens a pool for `config` and checks that the database answers, within the connect
     /// timeout (`Unavailable` otherwise).
     pub(crate) async fn connect(config: &SqlConfig, warm: &Warm) -> Result<Pool, LockError> {
+        if let Target::Given(given) = &config.target {
+            return Self::check_given(config, &given.pool).await;
+        }
         let pool = Self::connect_lazy(config, config.pool_size, warm)?;
+        // The last failed attempt, so that a server that stays unreachable is reported
+        // with why (refused, no route) and not only with the time it took.
+        let mut last = None;
         let ping = async {
+            let mut pause = Duration::from_millis(10);
             loop {
                 let opened = match &pool {
+                    // A connection of its own rather than one of the pool: the pool tries
+                    // again on a refused connection until its timeout and keeps no cause.
                     #[cfg(feature = "postgres")]
-                    Pool::Postgres(p) => p.acquire().await.map(drop),
+                    Pool::Postgres(p) => match sqlx::ConnectOptions::connect(&*p.connect_options()).await {
+                        Ok(conn) => sqlx::Connection::close(conn).await,
+                        Err(err) => Err(err),
+                    },
                     #[cfg(feature = "mysql")]
-                    Pool::MySql(p) => p.acquire().await.map(drop),
+                    Pool::MySql(p) => match sqlx::ConnectOptions::connect(&*p.connect_options()).await {
+                        Ok(conn) => sqlx::Connection::close(conn).await,
+                        Err(err) => Err(err),
+                    },
                     #[cfg(feature = "sqlite")]
                     Pool::Sqlite(p) => p.acquire().await.map(drop),
                 };
@@ -372,25 +406,71 @@ impl Pool {
                     Err(err) if is_lock_contention(&err) => {
                         tokio::time::sleep(Duration::from_millis(fastrand::u64(5..=50))).await;
                     }
+                    // A server that is starting refuses connections for a while.
+                    Err(sqlx::Error::Io(err)) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        last = Some(err);
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(500));
+                    }
                     other => return other,
                 }
             }
         };
         match tokio::time::timeout(config.common.connect_timeout, ping).await {
             Ok(Ok(())) => Ok(pool),
+            Ok(Err(err)) => Err(connect_error(err, crate::tls::is_off(&config.tls))),
+            Err(_) => {
+                let what = format!(
+                    "{} did not answer within the connect timeout of {:?}",
+                    config.dialect.name(),
+                    config.common.connect_timeout
+                );
+                Err(match last {
+                    Some(cause) => LockError::unavailable_because(what, cause),
+                    None => LockError::unavailable(what),
+                })
+            }
+        }
+    }
+
+    /// Checks the application's own pool: its dialect, that nothing is asked of it that
+    /// only a pool of this crate's own could do, and that the database answers through it
+    /// within the connect timeout.
+    async fn check_given(config: &SqlConfig, pool: &Pool) -> Result<Pool, LockError> {
+        config.check_prefix()?;
+        if config.credentials.is_some() || !config.tls.is_empty() {
+            return Err(LockError::InvalidInput(
+                "credentials and TLS options belong to the application's pool, not to the lock's config".into(),
+            ));
+        }
+        let opened = async {
+            match pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(p) => p.acquire().await.map(drop),
+                #[cfg(feature = "mysql")]
+                Pool::MySql(p) => p.acquire().await.map(drop),
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(p) => p.acquire().await.map(drop),
+            }
+        };
+        match tokio::time::timeout(config.common.connect_timeout, opened).await {
+            Ok(Ok(())) => Ok(pool.clone()),
             Ok(Err(err)) => Err(lock_error(err)),
             Err(_) => Err(LockError::unavailable(format!(
-                "{} did not answer within the connect timeout of {:?}",
-                config.dialect.name(),
+                "the application's pool gave no connection within the connect timeout of {:?}",
                 config.common.connect_timeout
             ))),
         }
     }
 
     /// A pool of up to `size` connections, opened as needed, each preparing the `warm`
-    /// statements (on the servers) as it opens.
+    /// statements (on the servers) as it opens; the application's own pool, if it gave one.
     pub(crate) fn connect_lazy(config: &SqlConfig, size: u32, warm: &Warm) -> Result<Pool, LockError> {
         config.check_prefix()?;
+        if let Target::Given(given) = &config.target {
+            return Ok(given.pool.clone());
+        }
+        crate::tls::check_files(config.dialect, &config.tls)?;
         let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad {} URL: {e}", config.dialect.name()));
         fn options<DB: sqlx::Database>(config: &SqlConfig, size: u32) -> PoolOptions<DB> {
             PoolOptions::<DB>::new()
@@ -432,6 +512,7 @@ impl Pool {
             #[cfg(feature = "postgres")]
             (Target::Server(url), Dialect::Postgres) => {
                 let mut opts = sqlx::postgres::PgConnectOptions::from_str(url).map_err(bad)?;
+                opts = crate::tls::postgres(opts, &config.tls);
                 if let Some((user, password)) = &config.credentials {
                     opts = opts.username(user).password(password);
                 }
@@ -441,6 +522,7 @@ impl Pool {
             (Target::Server(url), Dialect::MySql) => {
                 let mut opts =
                     sqlx::mysql::MySqlConnectOptions::from_str(url).map_err(bad)?.timezone(Some("+00:00".into()));
+                opts = crate::tls::mysql(opts, &config.tls);
                 if let Some((user, password)) = &config.credentials {
                     opts = opts.username(user).password(password);
                 }
@@ -458,7 +540,7 @@ impl Pool {
                         .create_if_missing(true)
                         .journal_mode(SqliteJournalMode::Wal),
                     Target::Memory => SqliteConnectOptions::from_str("sqlite::memory:").map_err(bad)?,
-                    Target::Server(_) => unreachable!("SQLite URLs parse to files"),
+                    Target::Server(_) | Target::Given(_) => unreachable!("SQLite URLs parse to files"),
                 };
                 // FULL: a commit is on disk before its statement answers, so a power cut
                 // cannot take back a fence increment a resource may already have seen (in WAL

@@ -59,6 +59,7 @@ impl From<SqlError> for LockError {
         match err {
             SqlError::Contended => LockError::Timeout,
             SqlError::Fenced => LockError::NotHeld,
+            SqlError::Unavailable(e) | SqlError::Database(e) if refusal(&e).is_some() => lock_error(e),
             SqlError::Unavailable(e) => LockError::unavailable_because("the database could not be reached", e),
             other => LockError::backend(other),
         }
@@ -140,10 +141,108 @@ pub(crate) fn is_unavailable(err: &sqlx::Error) -> bool {
     }
 }
 
-/// Maps a database error of a lock operation: unreachable → `Unavailable`, a write lock
-/// not had in time (SQLite busy) → `Unavailable` too (the operation could not be done
-/// within its bound), anything else → `Backend`.
+/// Why the connection was refused for who or how it connects, in words that say what to
+/// change ([`LockError::Refused`]): credentials, TLS one side requires, a certificate.
+pub(crate) fn refusal(err: &sqlx::Error) -> Option<String> {
+    match err {
+        sqlx::Error::Tls(e) if e.to_string().contains("does not support TLS") => {
+            Some("the server does not offer TLS, which the URL's TLS mode requires (sslmode, ssl-mode)".into())
+        }
+        sqlx::Error::Tls(e) => Some(certificate_refusal(&**e).unwrap_or_else(|| "TLS could not be set up".into())),
+        sqlx::Error::Io(e) => certificate_refusal(e),
+        sqlx::Error::Database(db) => {
+            let code = code(err)?;
+            let refused = match code.as_str() {
+                // PostgreSQL invalid_password; MySQL/MariaDB ER_ACCESS_DENIED_ERROR.
+                "28P01" | "1045" => "the server did not accept the user name and password",
+                // PostgreSQL invalid_authorization_specification: no pg_hba.conf line lets
+                // this connection in; "no encryption" when only TLS ones would.
+                "28000" if db.message().contains("no encryption") => {
+                    "the server accepts only TLS connections: connect with sslmode=require, verify-ca or verify-full"
+                }
+                "28000" => "the server's pg_hba.conf does not let this user in from this address",
+                // ER_SECURE_TRANSPORT_REQUIRED (MySQL 3159, MariaDB 4151).
+                "3159" | "4151" => {
+                    "the server accepts only TLS connections: connect with ssl-mode=REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
+                }
+                _ => return None,
+            };
+            Some(refused.into())
+        }
+        _ => None,
+    }
+}
+
+/// Maps an error of opening a connection: as [`lock_error`] does, except that MariaDB
+/// answers a plain connection to a server that requires TLS as it answers a wrong
+/// password (1045, access denied), so a refused plain connection (`plain`: the URL turned
+/// TLS off) says that it may be either.
+pub(crate) fn connect_error(err: sqlx::Error, plain: bool) -> LockError {
+    if plain && code(&err).as_deref() == Some("1045") {
+        return LockError::refused(
+            "the server did not accept the user name and password, or it accepts only TLS connections and \
+             ssl-mode=DISABLED turned TLS off",
+            Some(err.into()),
+        );
+    }
+    lock_error(err)
+}
+
+/// SQLite has no TLS.
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+fn certificate_refusal(_: &(dyn std::error::Error + 'static)) -> Option<String> {
+    None
+}
+
+/// A certificate either side refused during the TLS handshake, found in an error's chain.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn certificate_refusal(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::{AlertDescription, CertificateError};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(err) = cause {
+        let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(tls) = tls {
+            return Some(match tls {
+                // A CA of the same name but another key shows as a bad signature.
+                rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature) => {
+                    "the server's certificate is not signed by a CA this client trusts: name its CA with \
+                     sslrootcert (PostgreSQL) or ssl-ca (MySQL)"
+                        .into()
+                }
+                rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+                ) => "the server's certificate does not name the host the URL connects to (verify-full and \
+                      VERIFY_IDENTITY check it): connect by a name the certificate lists"
+                    .into(),
+                rustls::Error::InvalidCertificate(other) => format!("the server's certificate was refused: {other:?}"),
+                rustls::Error::AlertReceived(
+                    AlertDescription::CertificateRequired
+                    | AlertDescription::BadCertificate
+                    | AlertDescription::UnknownCA
+                    | AlertDescription::CertificateUnknown,
+                ) => {
+                    "the server refused this client's certificate (sslcert and sslkey, or ssl-cert and ssl-key)".into()
+                }
+                other => format!("TLS failed: {other}"),
+            });
+        }
+        cause = err.source();
+    }
+    None
+}
+
+/// Maps a database error of a lock operation: refused for its credentials or TLS →
+/// `Refused`; unreachable → `Unavailable`, a write lock not had in time (SQLite busy) →
+/// `Unavailable` too (the operation could not be done within its bound), anything else →
+/// `Backend`.
 pub(crate) fn lock_error(err: sqlx::Error) -> LockError {
+    if let Some(why) = refusal(&err) {
+        return LockError::refused(why, Some(err.into()));
+    }
     if is_unavailable(&err) || is_lock_contention(&err) {
         LockError::unavailable_because("the database could not do it in time", err)
     } else {

@@ -138,6 +138,7 @@ mod relay;
 mod results;
 pub mod rowlock;
 mod schema;
+mod tls;
 #[cfg(feature = "postgres")]
 mod wake;
 
@@ -155,6 +156,9 @@ pub use error::SqlError;
 pub use lease::{SqlBackend, SqlHold, SqlTicket};
 pub use link::SqlLink;
 pub use rowlock::{RowLock, RowLocking, RowWait};
+/// The sqlx this crate is built with: the pools [`SqlConfig::from_pg_pool`] and its
+/// siblings take are this version's.
+pub use sqlx;
 
 /// A lock client over the lease table.
 pub type SqlLocker = Client<SqlBackend>;
@@ -163,7 +167,8 @@ pub type SqlLocker = Client<SqlBackend>;
 /// timeout when the database cannot be reached.
 pub async fn connect(config: SqlConfig) -> Result<SqlLocker, LockError> {
     let client = config.common.client_config();
-    let backend = SqlBackend::connect(config).await?;
+    let named = config.clone();
+    let backend = SqlBackend::connect(config).await.map_err(|err| err.at(|| named.describe(&named.table())))?;
     Ok(Client::with_config(backend, client))
 }
 

@@ -42,9 +42,11 @@ impl Conn {
     pub(crate) fn new(config: SqlConfig, pool: Pool, warm: Warm) -> Arc<Self> {
         let pool = Arc::new(Mutex::new(Some(pool)));
         let slot = pool.clone();
+        // The application's own pool is the application's to close.
+        let own = !matches!(config.target, crate::config::Target::Given(_));
         let wire = Wire::with_cut_hook(format!("the link to {}", config.dialect.name()), move || {
             let pool = lock_unpoisoned(&slot).take();
-            if let Some(pool) = pool {
+            if let Some(pool) = pool.filter(|_| own) {
                 // Closing waits for connections in use; do not block the caller on it.
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     rt.spawn(async move { pool.close().await });

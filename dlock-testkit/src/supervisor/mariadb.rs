@@ -74,9 +74,32 @@ fn template() -> io::Result<PathBuf> {
     })
 }
 
+/// What a MariaDB server that accepts TLS connections only
+/// (`require_secure_transport=ON`) needs: its certificate and key, and the CA of client
+/// certificates.
+#[derive(Debug, Clone)]
+pub struct MariaDbTls {
+    /// The server's certificate (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The CA that signs client certificates (PEM).
+    pub client_ca: PathBuf,
+}
+
 impl Server<MariaDb> {
     /// Starts a MariaDB server on a free port, with room for `max_connections` sessions.
     pub fn start(max_connections: u32) -> io::Result<Self> {
+        Self::start_with(max_connections, None)
+    }
+
+    /// Starts a MariaDB server that refuses connections without TLS over TCP (the Unix
+    /// socket `mysqld.sock` in [`Server::dir`] stays open, for the tests' setup).
+    pub fn start_tls(max_connections: u32, tls: &MariaDbTls) -> io::Result<Self> {
+        Self::start_with(max_connections, Some(tls))
+    }
+
+    fn start_with(max_connections: u32, tls: Option<&MariaDbTls>) -> io::Result<Self> {
         let mariadbd = program("mariadbd").or_else(|_| program("mysqld"))?;
         let template = template()?;
         start_on_free_port(|port| {
@@ -97,6 +120,14 @@ impl Server<MariaDb> {
                 "--thread-stack=256K".into(),
             ];
             args.extend(common_args());
+            if let Some(tls) = tls {
+                args.extend([
+                    format!("--ssl-cert={}", tls.cert.display()),
+                    format!("--ssl-key={}", tls.key.display()),
+                    format!("--ssl-ca={}", tls.client_ca.display()),
+                    "--require-secure-transport=ON".into(),
+                ]);
+            }
             Server::spawn(MariaDb, "mariadbd", &mariadbd, args, port, dir)
         })
     }

@@ -94,10 +94,69 @@ fn template() -> io::Result<PathBuf> {
     })
 }
 
+/// What a PostgreSQL server that accepts TLS connections only needs: its certificate
+/// and key, and the CA of client certificates. Its `pg_hba.conf` refuses every plain TCP
+/// connection, trusts the `postgres` user over TLS (and over the Unix socket in
+/// [`Server::dir`]), lets in `cert_user` by its client certificate (common name
+/// `cert_user`), and everyone else with a SCRAM password.
+#[derive(Debug, Clone)]
+pub struct PostgresTls {
+    /// The server's certificate (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The CA that signs client certificates (PEM).
+    pub client_ca: PathBuf,
+    /// The user who logs in with a client certificate.
+    pub cert_user: String,
+}
+
+impl PostgresTls {
+    /// Copies the files into `dir` (the server refuses a key others can read) and writes
+    /// the `pg_hba.conf`; returns the server's settings for them.
+    fn install(&self, dir: &Path) -> io::Result<Vec<(&'static str, String)>> {
+        let mut settings = Vec::new();
+        for (setting, from, file) in [
+            ("ssl_cert_file", &self.cert, "server.pem"),
+            ("ssl_key_file", &self.key, "server-key.pem"),
+            ("ssl_ca_file", &self.client_ca, "client-ca.pem"),
+        ] {
+            let to = dir.join(file);
+            std::fs::copy(from, &to)?;
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            settings.push((setting, to.display().to_string()));
+        }
+        let hba = dir.join("pg_hba.conf");
+        std::fs::write(
+            &hba,
+            format!(
+                "local all all trust\n\
+                 hostnossl all all 0.0.0.0/0 reject\n\
+                 hostssl all postgres 127.0.0.1/32 trust\n\
+                 hostssl all {} 127.0.0.1/32 cert\n\
+                 hostssl all all 127.0.0.1/32 scram-sha-256\n",
+                self.cert_user
+            ),
+        )?;
+        settings.push(("ssl", "on".into()));
+        settings.push(("hba_file", hba.display().to_string()));
+        Ok(settings)
+    }
+}
+
 impl Server<Postgres> {
     /// Starts a PostgreSQL server on a free port, with small memory settings and room for
     /// `max_connections` sessions.
     pub fn start(max_connections: u32) -> io::Result<Self> {
+        Self::start_with(max_connections, None)
+    }
+
+    /// Starts a PostgreSQL server that accepts TLS connections only (see [`PostgresTls`]).
+    pub fn start_tls(max_connections: u32, tls: &PostgresTls) -> io::Result<Self> {
+        Self::start_with(max_connections, Some(tls))
+    }
+
+    fn start_with(max_connections: u32, tls: Option<&PostgresTls>) -> io::Result<Self> {
         let postgres = program("postgres")?;
         let template = template()?;
         let owner = run_as();
@@ -105,6 +164,10 @@ impl Server<Postgres> {
             let dir = tempfile::Builder::new().prefix("dlock-postgres-").tempdir()?;
             let data = dir.path().join("data");
             copy_tree(&template, &data)?;
+            let tls_settings = match tls {
+                Some(tls) => tls.install(dir.path())?,
+                None => Vec::new(),
+            };
             chown_tree(dir.path(), owner)?;
             let mut args: Vec<String> = Vec::new();
             let program = match owner {
@@ -132,7 +195,10 @@ impl Server<Postgres> {
                 ("full_page_writes", "off".into()),
                 ("logging_collector", "off".into()),
                 ("log_min_messages", "warning".into()),
-            ] {
+            ]
+            .into_iter()
+            .chain(tls_settings.clone())
+            {
                 args.push("-c".into());
                 args.push(format!("{key}={value}"));
             }

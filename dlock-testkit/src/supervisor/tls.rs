@@ -10,7 +10,7 @@ use rcgen::{
 use tempfile::TempDir;
 
 /// A throwaway PKI: `ca.pem`; `server.pem` + `server-key.pem` (for `127.0.0.1` and
-/// `localhost`); `client.pem` + `client-key.pem` (common name `client_cn`).
+/// `localhost`, or the names given to [`TestPki::for_server`]); `client.pem` + `client-key.pem` (common name `client_cn`).
 pub struct TestPki {
     dir: TempDir,
 }
@@ -24,6 +24,12 @@ impl std::fmt::Debug for TestPki {
 impl TestPki {
     /// Makes the CA and both certificates.
     pub fn new(client_cn: &str) -> io::Result<Self> {
+        Self::for_server(client_cn, &["127.0.0.1", "localhost"])
+    }
+
+    /// Makes the CA and both certificates, the server's for `server_names` only (so that a
+    /// client that connects by another name can be shown to refuse it).
+    pub fn for_server(client_cn: &str, server_names: &[&str]) -> io::Result<Self> {
         let dir = tempfile::Builder::new().prefix("dlock-pki-").tempdir()?;
         let fail = |e: rcgen::Error| io::Error::other(format!("making a test certificate: {e}"));
         let ca_key = KeyPair::generate().map_err(fail)?;
@@ -45,7 +51,7 @@ impl TestPki {
             std::fs::write(dir.path().join(format!("{file}-key.pem")), key.serialize_pem())
         };
         leaf(
-            vec!["127.0.0.1".into(), "localhost".into()],
+            server_names.iter().map(|name| name.to_string()).collect(),
             "dlock test server",
             ExtendedKeyUsagePurpose::ServerAuth,
             "server",
