@@ -60,10 +60,32 @@ impl From<EtcdError> for LockError {
 pub(crate) fn map_err(err: Error) -> LockError {
     if is_lease_not_found(&err) {
         EtcdError::LeaseNotFound.into()
+    } else if let Some(why) = refusal(&err) {
+        LockError::refused(why, Some(err.into()))
     } else if is_transient(&err) {
-        LockError::unavailable_because(format!("etcd: {err}"), err)
+        LockError::unavailable_because("etcd", err)
     } else {
         LockError::backend(err)
+    }
+}
+
+/// Why the server refused this client for its credentials or its certificate
+/// ([`LockError::Refused`]).
+fn refusal(err: &Error) -> Option<&'static str> {
+    let Error::GRpcStatus(status) = err else { return None };
+    let message = status.message();
+    match status.code() {
+        Code::Unavailable if message.contains("certificate") => {
+            Some("the server's certificate was refused: name its CA with ca= (and its name with domain=)")
+        }
+        Code::InvalidArgument | Code::Unauthenticated if message.contains("authentication failed") => {
+            Some("the server did not accept the user name and password")
+        }
+        Code::InvalidArgument | Code::Unauthenticated if message.contains("user name is empty") => {
+            Some("the server has authentication on: give a user and password in the URL (etcd://user:password@host)")
+        }
+        Code::PermissionDenied => Some("the server's roles do not let this user read and write the lock's keys"),
+        _ => None,
     }
 }
 

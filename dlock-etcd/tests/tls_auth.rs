@@ -86,12 +86,28 @@ async fn tls_with_user_and_password() {
     lock_once(&locker).await;
 
     let wrong = refused(&url(&server, "root:wrong@", &ca)).await;
-    assert!(!matches!(wrong, LockError::Unavailable { .. }), "a wrong password is not an outage: {wrong}");
     let anonymous = refused(&url(&server, "", &ca)).await;
-    assert!(!matches!(anonymous, LockError::Unavailable { .. }), "a missing user is not an outage: {anonymous}");
     // The server's certificate is not signed by a CA the system trusts.
     let untrusted = refused(&url(&server, "root:s3cret@", "")).await;
-    assert!(untrusted.to_string().contains("certificate"), "{untrusted}");
+    let closed = dlock_testkit::supervisor::free_port().expect("a free port");
+    let no_server = refused(&format!("etcds://root:s3cret@127.0.0.1:{closed}?connect_timeout=2s&{ca}")).await;
+    // Each names the server and says what failed; none of them is an outage, except the
+    // server that is not there.
+    for (err, place, says) in [
+        (&wrong, server.addr().to_string(), "did not accept the user name and password"),
+        (&anonymous, server.addr().to_string(), "authentication on"),
+        (&untrusted, server.addr().to_string(), "certificate"),
+        (&no_server, format!("127.0.0.1:{closed}"), "etcd"),
+    ] {
+        let message = err.to_string();
+        assert!(message.contains(&place) && message.contains(says), "{message}");
+        assert!(!message.contains("s3cret"), "{message}");
+    }
+    for err in [&wrong, &anonymous] {
+        assert!(matches!(err, LockError::Refused { .. }) && !err.is_transient(), "not a refusal: {err:?}");
+    }
+    assert!(!untrusted.is_transient(), "{untrusted:?}");
+    assert!(matches!(no_server, LockError::Unavailable { .. }), "{no_server:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

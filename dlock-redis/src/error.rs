@@ -7,10 +7,25 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 /// writes right now" (so that callers and the renewal scheduler retry), `Backend` for
 /// the rest.
 pub(crate) fn to_lock_error(err: RedisError) -> LockError {
-    if is_transient(&err) {
-        LockError::unavailable_because(format!("redis: {err}"), err)
+    if let Some(why) = refusal(&err) {
+        LockError::refused(why, Some(err.into()))
+    } else if is_transient(&err) {
+        LockError::unavailable_because("redis", err)
     } else {
         LockError::backend(err)
+    }
+}
+
+/// Why the server refused this client for its credentials ([`LockError::Refused`]).
+fn refusal(err: &RedisError) -> Option<&'static str> {
+    if err.kind() == ErrorKind::AuthenticationFailed || has_code(err, &["WRONGPASS"]) {
+        Some("the server did not accept the user name and password")
+    } else if has_code(err, &["NOAUTH"]) {
+        Some("the server requires a password: give one in the URL (redis://:password@host) or with_password")
+    } else if has_code(err, &["NOPERM"]) {
+        Some("the server's ACL does not let this user run the lock's commands or keys")
+    } else {
+        None
     }
 }
 
@@ -113,5 +128,8 @@ mod tests {
         assert!(!suggests_failover(&server_error("OOM command not allowed")));
         assert!(!is_transient(&server_error("ERR wrong number of arguments")));
         assert!(!is_transient(&server_error("WRONGPASS invalid username-password pair")));
+        for text in ["WRONGPASS invalid username-password pair", "NOAUTH Authentication required."] {
+            assert!(matches!(to_lock_error(server_error(text)), LockError::Refused { .. }), "{text}");
+        }
     }
 }

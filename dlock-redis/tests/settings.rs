@@ -48,8 +48,9 @@ async fn wrong_credentials_fail_without_hanging() {
         let result = dlock_redis::connect(RedisConfig::from_url(&url).unwrap()).await;
         assert!(started.elapsed() < Duration::from_secs(3), "{url}: {:?}", started.elapsed());
         match result {
-            Err(LockError::Backend(_) | LockError::Unavailable { .. }) => {}
-            other => panic!("{url}: expected an error, got {:?}", other.map(|_| "a client")),
+            // Not an outage: retrying cannot help.
+            Err(err @ LockError::Refused { .. }) => assert!(!err.is_transient() && !err.to_string().contains("wrong")),
+            other => panic!("{url}: expected a refusal, got {:?}", other.map(|_| "a client")),
         }
     }
 }
@@ -70,6 +71,26 @@ async fn credentials_from_the_builder_reach_the_server() {
         let lease = locker.acquire(&name, &LockOptions::new()).await.unwrap();
         lease.release().await.unwrap();
     }
-    let unauthenticated = dlock_redis::connect(support::client_config(requirepass.addr())).await;
-    assert!(unauthenticated.is_err(), "a requirepass server took a client without the password");
+    let refused = |result: Result<dlock_redis::RedisLocker, LockError>| match result {
+        Ok(_) => panic!("a requirepass server took a client without the right password"),
+        Err(err) => err,
+    };
+    let unauthenticated = refused(dlock_redis::connect(support::client_config(requirepass.addr())).await);
+    let wrong = refused(dlock_redis::connect(support::client_config(requirepass.addr()).with_password("nope")).await);
+    let closed = dlock_testkit::supervisor::free_port().unwrap();
+    let nowhere = format!("127.0.0.1:{closed}").parse().unwrap();
+    let no_server = refused(dlock_redis::connect(support::client_config(nowhere)).await);
+    // Each says what failed, where, and is told apart from the others.
+    for (err, place, says) in [
+        (&unauthenticated, requirepass.addr().to_string(), "requires a password"),
+        (&wrong, requirepass.addr().to_string(), "did not accept the user name and password"),
+        (&no_server, nowhere.to_string(), "cannot connect"),
+    ] {
+        let message = err.to_string();
+        assert!(message.contains(&place) && message.contains(says), "{message}");
+        assert!(!message.contains("nope"), "{message}");
+    }
+    assert!(matches!(unauthenticated, LockError::Refused { .. }) && !unauthenticated.is_transient());
+    assert!(matches!(wrong, LockError::Refused { .. }));
+    assert!(matches!(no_server, LockError::Unavailable { .. }) && no_server.is_transient());
 }
