@@ -160,7 +160,7 @@ async fn fencing(a: &Arc<dyn Locker>, b: &Arc<dyn Locker>, name: &LockName) -> R
         Ok(()) => return Err(Failure::new(UNAVAILABLE, "a stale token was accepted: the backend's tokens are broken")),
     }
     match first.release().await {
-        Err(dlock::LockError::NotHeld) => println!("   A's release: not held any more, B's lock is untouched"),
+        Err(dlock::LockError::NotHeld { .. }) => println!("   A's release: not held any more, B's lock is untouched"),
         other => return Err(Failure::new(UNAVAILABLE, format!("a stale release was not refused: {other:?}"))),
     }
     second.release().await?;

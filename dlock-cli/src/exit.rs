@@ -39,8 +39,8 @@ impl From<LockError> for Failure {
     fn from(err: LockError) -> Self {
         let code = match &err {
             LockError::InvalidInput(_) | LockError::Unsupported(_) => USAGE,
-            LockError::Timeout => TEMPFAIL,
-            LockError::Lost(_) => LOST,
+            LockError::Timeout { .. } => TEMPFAIL,
+            LockError::Lost { .. } => LOST,
             LockError::Refused { .. } => NOPERM,
             _ => UNAVAILABLE,
         };

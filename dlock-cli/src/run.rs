@@ -116,7 +116,7 @@ async fn hold_while(held: Held, command: &[String], url: &str) -> Result<ExitCod
     match supervise(child, held.lost()).await? {
         Outcome::Exited(status) => match held.release().await {
             Ok(()) => Ok(exit_code(status)),
-            Err(LockError::NotHeld) => Err(Failure::new(
+            Err(LockError::NotHeld { .. }) => Err(Failure::new(
                 LOST,
                 format!(
                     "the lease on {what} was lost before the command finished; its work may have overlapped another holder's"
@@ -168,7 +168,7 @@ async fn acquire_many(
 
 fn timed_out_is_none<T>(outcome: Result<T, LockError>) -> Result<Option<T>, LockError> {
     match outcome {
-        Err(LockError::Timeout) => Ok(None),
+        Err(LockError::Timeout { .. }) => Ok(None),
         other => other.map(Some),
     }
 }
@@ -204,7 +204,7 @@ pub(crate) async fn elect(url: Option<String>, args: ElectArgs) -> Result<ExitCo
     }
     let leadership = match campaign(&*locker, &name, value.as_bytes(), &opts).await {
         Ok(leadership) => leadership,
-        Err(LockError::Timeout) => {
+        Err(LockError::Timeout { .. }) => {
             return Err(Failure::new(TEMPFAIL, format!("not elected leader of {name} within {:?}", args.wait)))
         }
         Err(e) => return Err(e.into()),
@@ -340,7 +340,7 @@ async fn run_once(
         }
         Err(IdempotentError::Work(Ok(CommandFailed(status)))) => Ok(exit_code(status)),
         Err(IdempotentError::Work(Err(failure))) => Err(failure),
-        Err(IdempotentError::Lock(LockError::Lost(reason))) => Err(Failure::new(
+        Err(IdempotentError::Lock(LockError::Lost { reason, .. })) => Err(Failure::new(
             LOST,
             format!(
                 "the lease on {key} was lost ({reason}); the command was sent SIGTERM and its run was not recorded"

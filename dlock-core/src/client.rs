@@ -256,7 +256,7 @@ impl<B: Backend> Client<B> {
                 let outcome = inner.acquire_loop(&req, &opts, &cancel, (started, deadline), place.as_ref()).await;
                 if let (Some(place), Err(err)) = (&place, &outcome) {
                     // The waiters behind learn of what failed here on their own, at once.
-                    if !matches!(err, LockError::Timeout) {
+                    if !matches!(err, LockError::Timeout { .. }) {
                         place.failed();
                     }
                 }
@@ -270,7 +270,7 @@ impl<B: Backend> Client<B> {
         stats.acquire_ended(match &result {
             Ok(Some(_)) => Outcome::Granted,
             Ok(None) => Outcome::Busy,
-            Err(LockError::Timeout) => Outcome::Timeout,
+            Err(LockError::Timeout { .. }) => Outcome::Timeout,
             Err(_) => Outcome::Error,
         });
         result
@@ -409,7 +409,7 @@ impl<B: Backend> Inner<B> {
         let ended = tokio::select! {
             turn = place.turn() => Ok(turn),
             _ = cancel.fired() => Err(Ok(None)),
-            _ = tokio::time::sleep_until(deadline) => Err(Err(LockError::Timeout)),
+            _ = tokio::time::sleep_until(deadline) => Err(Err(LockError::timeout())),
         };
         self.stats.waiting(false);
         match ended? {
@@ -474,7 +474,7 @@ impl<B: Backend> Inner<B> {
             let cancelled = cancel.is_fired();
             if !req.blocking || cancelled || now >= deadline {
                 self.abandon(req, ticket).await;
-                return if req.blocking && !cancelled { Err(LockError::Timeout) } else { Ok(None) };
+                return if req.blocking && !cancelled { Err(LockError::timeout()) } else { Ok(None) };
             }
             let pause = if notify {
                 retry_after.unwrap_or(MAX_DURATION)
@@ -642,11 +642,18 @@ impl<B: Backend> HoldOps for BoundHold<B> {
 #[async_trait]
 impl<B: Backend> Locker for Client<B> {
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Lease, LockError> {
-        self.start(name, opts, true).await?.ok_or(LockError::Timeout)
+        let acquired = self.start(name, opts, true).await.and_then(|lease| lease.ok_or_else(LockError::timeout));
+        // The one place every acquire's errors pass: it names the lock and the bound.
+        acquired.map_err(|err| match err {
+            LockError::Timeout { name: None, waited: None } => {
+                LockError::Timeout { name: Some(name.as_str().to_string()), waited: opts.wait_bound() }
+            }
+            other => other.named(name),
+        })
     }
 
     async fn try_acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Option<Lease>, LockError> {
-        self.start(name, opts, false).await
+        self.start(name, opts, false).await.map_err(|err| err.named(name))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {

@@ -134,20 +134,22 @@ async fn publish<L: Locker + ?Sized>(
     // The value outlives any term; observers tell a stale one by its token.
     let mut last = match lease.store_result(value, MAX_DURATION).await {
         Ok(()) => return Ok(()),
-        Err(err @ (LockError::NotHeld | LockError::InvalidInput(_) | LockError::Unsupported(_))) => return Err(err),
+        Err(err @ (LockError::NotHeld { .. } | LockError::InvalidInput(_) | LockError::Unsupported(_))) => {
+            return Err(err)
+        }
         Err(err) => err,
     };
     let mut pause = Duration::from_millis(10);
     while !lease.is_lost() && !lease.remaining().is_zero() {
         match locker.load_result(name).await {
             Ok(Some(stored)) if stored.token == lease.token() => return Ok(()),
-            Ok(Some(stored)) if stored.token > lease.token() => return Err(LockError::NotHeld),
+            Ok(Some(stored)) if stored.token > lease.token() => return Err(LockError::not_held()),
             Ok(_) => match lease.store_result(value, MAX_DURATION).await {
                 Ok(()) => return Ok(()),
-                Err(LockError::NotHeld) => {
+                Err(LockError::NotHeld { .. }) => {
                     // Refused: either a store of ours landed after all (an equal token is
                     // never replaced), or the hold is gone. The next look tells which.
-                    last = LockError::NotHeld;
+                    last = LockError::not_held();
                 }
                 Err(err) => last = err,
             },
@@ -156,7 +158,7 @@ async fn publish<L: Locker + ?Sized>(
         tokio::time::sleep(pause.min(lease.remaining())).await;
         pause = (pause * 2).min(Duration::from_millis(500));
     }
-    Err(if lease.is_lost() { LockError::NotHeld } else { last })
+    Err(if lease.is_lost() { LockError::not_held() } else { last })
 }
 
 /// Watches who leads `name`; see [`Observer`].

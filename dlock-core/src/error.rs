@@ -49,17 +49,36 @@ impl fmt::Display for LostReason {
 #[non_exhaustive]
 pub enum LockError {
     /// The lock was not acquired within the wait bound.
-    #[error("the lock was not acquired within the wait bound")]
-    Timeout,
+    ///
+    /// The client fills in the lock's name and the bound it waited (a backend that
+    /// reports a timeout of its own may leave them out).
+    #[error("{}", timed_out(name.as_deref(), *waited))]
+    #[non_exhaustive]
+    Timeout {
+        /// The lock's name.
+        name: Option<String>,
+        /// How long it waited: the wait bound of the acquire.
+        waited: Option<std::time::Duration>,
+    },
     /// A name, owner, duration or URL was not acceptable.
     #[error("invalid input: {0}")]
     InvalidInput(String),
     /// The lease was no longer ours when we tried to release or extend it.
-    #[error("the lock is no longer held by this lease")]
-    NotHeld,
+    #[error("{} is no longer held by this lease", the_lock(name.as_deref()))]
+    #[non_exhaustive]
+    NotHeld {
+        /// The lock's name.
+        name: Option<String>,
+    },
     /// The lease was lost while work was running under it.
-    #[error("the lease was lost: {0}")]
-    Lost(LostReason),
+    #[error("the lease of {} was lost: {reason}", the_lock(name.as_deref()))]
+    #[non_exhaustive]
+    Lost {
+        /// Why.
+        reason: LostReason,
+        /// The lock's name.
+        name: Option<String>,
+    },
     /// The backend could not be reached within its connect or operation timeout, or the
     /// connection failed. Retrying later may succeed.
     ///
@@ -113,6 +132,54 @@ impl LockError {
     /// Wraps a backend library's error.
     pub fn backend(err: impl Into<BoxError>) -> Self {
         LockError::Backend(err.into())
+    }
+
+    /// The lock was not acquired within the wait bound (the client names the lock and
+    /// the bound: see [`LockError::named`]).
+    pub fn timeout() -> Self {
+        LockError::Timeout { name: None, waited: None }
+    }
+
+    /// The lease was no longer ours (the client names the lock).
+    pub fn not_held() -> Self {
+        LockError::NotHeld { name: None }
+    }
+
+    /// The lease was lost for `reason` (the client names the lock).
+    pub fn lost(reason: LostReason) -> Self {
+        LockError::Lost { reason, name: None }
+    }
+
+    /// Names the lock a `Timeout`, `NotHeld` or `Lost` error was about, if it does not
+    /// name one yet; other errors are returned as they are.
+    ///
+    /// ```
+    /// use dlock_core::{LockError, LockName};
+    ///
+    /// let name = LockName::new("orders/42")?;
+    /// let err = LockError::not_held().named(&name);
+    /// assert_eq!(err.to_string(), "the lock \"orders/42\" is no longer held by this lease");
+    /// assert_eq!(err.lock_name(), Some("orders/42"));
+    /// # Ok::<(), LockError>(())
+    /// ```
+    pub fn named(mut self, lock: &crate::LockName) -> Self {
+        if let LockError::Timeout { name: at @ None, .. }
+        | LockError::NotHeld { name: at @ None }
+        | LockError::Lost { name: at @ None, .. } = &mut self
+        {
+            *at = Some(lock.as_str().to_string());
+        }
+        self
+    }
+
+    /// The lock a `Timeout`, `NotHeld` or `Lost` error names, if any.
+    pub fn lock_name(&self) -> Option<&str> {
+        match self {
+            LockError::Timeout { name, .. } | LockError::NotHeld { name } | LockError::Lost { name, .. } => {
+                name.as_deref()
+            }
+            _ => None,
+        }
     }
 
     /// The backend could not be reached: `what` says what could not be done.
@@ -190,4 +257,19 @@ fn explain(
         }
     }
     text
+}
+
+/// `the lock "orders/42"`, or `the lock` when the name is not known.
+fn the_lock(name: Option<&str>) -> String {
+    match name {
+        Some(name) => format!("the lock {name:?}"),
+        None => "the lock".to_string(),
+    }
+}
+
+fn timed_out(name: Option<&str>, waited: Option<std::time::Duration>) -> String {
+    match waited {
+        Some(waited) => format!("{} was not acquired within the wait bound of {waited:?}", the_lock(name)),
+        None => format!("{} was not acquired within the wait bound", the_lock(name)),
+    }
 }

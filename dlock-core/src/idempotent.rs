@@ -232,7 +232,7 @@ where
     let handle = lease.handle();
     let outcome = tokio::select! {
         biased;
-        reason = handle.lost() => return Err(give_up(lease, LockError::Lost(reason)).await),
+        reason = handle.lost() => return Err(give_up(lease, LockError::lost(reason).named(handle.name())).await),
         outcome = work(lease.handle()) => outcome,
     };
     let value = match outcome {
@@ -255,9 +255,9 @@ where
     };
     match lease.store_result(&bytes, opts.retention).await {
         Ok(()) => {}
-        Err(LockError::NotHeld) => {
+        Err(LockError::NotHeld { .. }) => {
             let reason = handle.lost_reason().unwrap_or(LostReason::Expired);
-            return Err(give_up(lease, LockError::Lost(reason)).await);
+            return Err(give_up(lease, LockError::lost(reason).named(handle.name())).await);
         }
         Err(err) => return Err(give_up(lease, err).await),
     }

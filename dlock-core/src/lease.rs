@@ -78,6 +78,10 @@ impl Lease {
     /// renews or watches the hold any more). `Unsupported` on backends that cannot extend,
     /// `InvalidInput` for a bad ttl.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        self.extend_unnamed(ttl).await.map_err(|err| err.named(&self.handle.core.name))
+    }
+
+    async fn extend_unnamed(&self, ttl: Duration) -> Result<(), LockError> {
         let core = &self.handle.core;
         if !core.extendable {
             return Err(LockError::Unsupported("extending a lease".into()));
@@ -86,20 +90,20 @@ impl Lease {
             return Err(LockError::InvalidInput(format!("ttl {ttl:?} is outside {MIN_TTL:?}..=365 days")));
         }
         if core.is_lost() {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         let sent = Instant::now();
         match core.hold.renew(ttl).await? {
             // The scheduler gave the lease up while the extension was out: it no longer
             // renews or watches the hold, so the extension must not count.
-            Renewal::Renewed if core.is_lost() => Err(LockError::NotHeld),
+            Renewal::Renewed if core.is_lost() => Err(LockError::not_held()),
             Renewal::Renewed => {
                 core.extended(sent, ttl);
                 Ok(())
             }
             Renewal::Lost(reason) => {
                 core.fire_lost(reason);
-                Err(LockError::NotHeld)
+                Err(LockError::not_held())
             }
         }
     }
@@ -116,7 +120,7 @@ impl Lease {
     /// `results` capability. [`idempotent`](crate::idempotent()) is built on it.
     pub async fn store_result(&self, value: &[u8], retention: Duration) -> Result<(), LockError> {
         check_result(value, retention)?;
-        self.handle.core.hold.store_result(value, retention).await
+        self.handle.core.hold.store_result(value, retention).await.map_err(|err| err.named(&self.handle.core.name))
     }
 
     /// Releases the hold, checking on the backend that it is still ours.
@@ -128,9 +132,13 @@ impl Lease {
     pub async fn release(mut self) -> Result<(), LockError> {
         self.finish();
         let core = self.handle.core.clone();
+        Self::release_unnamed(&core).await.map_err(|err| err.named(&core.name))
+    }
+
+    async fn release_unnamed(core: &Arc<LeaseCore>) -> Result<(), LockError> {
         if core.is_lost() {
-            release_in_background(core);
-            return Err(LockError::NotHeld);
+            release_in_background(core.clone());
+            return Err(LockError::not_held());
         }
         let outcome = core.hold.release().await;
         core.stats.released();
@@ -138,7 +146,7 @@ impl Lease {
             Release::Released => Ok(()),
             Release::NotHeld => {
                 core.fire_lost(LostReason::Expired);
-                Err(LockError::NotHeld)
+                Err(LockError::not_held())
             }
         }
     }

@@ -137,7 +137,7 @@ pub trait Locker: Send + Sync {
 /// Runs `work` while holding `name`, and cancels it when the lease is lost.
 ///
 /// The lock is released when the work finishes. If the lease is lost first, the work's
-/// future is dropped and the result is `Err(LockError::Lost(reason))`; if the lease was
+/// future is dropped and the result is `Err(LockError::lost(reason))`; if the lease was
 /// found lost at release, the work's result is discarded for the same error, since
 /// the work did not run entirely under the lock.
 ///
@@ -174,11 +174,13 @@ where
         Err(reason) => {
             // Still owner-checked: if some part of the hold survived, free it.
             let _ = lease.release().await;
-            Err(LockError::Lost(reason))
+            Err(LockError::lost(reason).named(name))
         }
         Ok(value) => match lease.release().await {
             Ok(()) => Ok(value),
-            Err(LockError::NotHeld) => Err(LockError::Lost(handle.lost_reason().unwrap_or(crate::LostReason::Expired))),
+            Err(LockError::NotHeld { .. }) => {
+                Err(LockError::lost(handle.lost_reason().unwrap_or(crate::LostReason::Expired)).named(name))
+            }
             Err(other) => Err(other),
         },
     }

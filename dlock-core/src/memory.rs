@@ -463,7 +463,7 @@ impl Shared {
     fn store_result(&self, hold: &MemoryHold, value: Vec<u8>, retention: Duration) -> Result<(), LockError> {
         let now = Instant::now();
         let mut locks = self.lock_state();
-        let Some(slot) = locks.slots.get_mut(&hold.name) else { return Err(LockError::NotHeld) };
+        let Some(slot) = locks.slots.get_mut(&hold.name) else { return Err(LockError::not_held()) };
         slot.tidy(now);
         // The grant itself must be live, not only the owner's hold: a re-entrant lease that
         // was released stores nothing, though its owner still holds through another.
@@ -471,7 +471,7 @@ impl Shared {
             slot.holds.iter().any(|h| h.owner == hold.owner && h.token == hold.token && h.grants.contains(&hold.grant));
         let newer_kept = slot.result.as_ref().is_some_and(|kept| kept.expires_at > now && kept.token >= hold.token);
         if !ours || newer_kept {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         slot.result = Some(Kept { token: hold.token, value, expires_at: now + retention });
         Ok(())
@@ -653,7 +653,7 @@ impl RawBaseline for MemoryBaseline {
         let req = Request { kind, ..baseline_request(name)? };
         match self.backend.attempt(&req, &mut None).await? {
             Attempt::Granted { hold, .. } => self.backend.release(&hold).await.map(drop),
-            Attempt::Busy { .. } => Err(LockError::Timeout),
+            Attempt::Busy { .. } => Err(LockError::timeout()),
         }
     }
 
@@ -664,7 +664,7 @@ impl RawBaseline for MemoryBaseline {
                 self.backend.store_result(&hold, token, value, crate::options::MAX_DURATION).await?;
                 self.backend.release(&hold).await.map(drop)
             }
-            Attempt::Busy { .. } => Err(LockError::Timeout),
+            Attempt::Busy { .. } => Err(LockError::timeout()),
         }
     }
 
@@ -728,7 +728,7 @@ mod tests {
         assert_eq!(token, again);
         assert!(matches!(backend.release(&second).await.unwrap(), Release::Released));
         let refused = backend.store_result(&second, token, b"late", Duration::from_secs(60)).await;
-        assert!(matches!(refused, Err(LockError::NotHeld)), "a released grant stored: {refused:?}");
+        assert!(matches!(refused, Err(LockError::NotHeld { .. })), "a released grant stored: {refused:?}");
         backend.store_result(&first, token, b"kept", Duration::from_secs(60)).await.unwrap();
     }
 

@@ -151,7 +151,7 @@ impl MultiLock {
                 Ok(false) => {
                     release_all(taken).await;
                     if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                        return Err(LockError::Timeout);
+                        return Err(LockError::timeout());
                     }
                     tracing::debug!(
                         parts = self.parts.len(),
@@ -205,7 +205,7 @@ async fn confirm(taken: &[Lease], opts: &LockOptions) -> Result<bool, LockError>
         for outcome in join_all(earlier.iter().map(|lease| lease.extend(ttl))).await {
             match outcome {
                 Ok(()) | Err(LockError::Unsupported(_)) => {}
-                Err(LockError::NotHeld | LockError::Lost(_)) => return Ok(false),
+                Err(LockError::NotHeld { .. } | LockError::Lost { .. }) => return Ok(false),
                 Err(err) => return Err(err),
             }
         }

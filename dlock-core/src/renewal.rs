@@ -653,7 +653,7 @@ mod tests {
         probe.link().set(Fault::DelayReplies(TTL + OP));
         let extended = lease.extend(TTL * 2).await;
         assert!(lease.is_lost());
-        assert!(matches!(extended, Err(crate::LockError::NotHeld)), "{extended:?}");
+        assert!(matches!(extended, Err(crate::LockError::NotHeld { .. })), "{extended:?}");
     }
 
     async fn sleep_until_after(at: Instant) {

@@ -93,7 +93,7 @@ impl EtcdBaseline {
         alive?;
         let resp = resp?;
         if !resp.succeeded() {
-            return Err(LockError::Timeout);
+            return Err(LockError::timeout());
         }
         let rev = resp.header().map(|h| h.revision()).ok_or(EtcdError::Protocol("a transaction without a header"))?;
         Ok(Held { key, value, rev })
@@ -139,7 +139,7 @@ impl EtcdBaseline {
                 return Ok(());
             }
             if first_kv(&resp, 0).is_none_or(|kv| kv.create_revision() != held.rev) {
-                return Err(LockError::NotHeld);
+                return Err(LockError::not_held());
             }
             // Uncontended, the kept result is of an earlier token: only its revision matters.
             seen_result = first_kv(&resp, 1).map_or(0, |kv| kv.mod_revision());
@@ -161,7 +161,7 @@ impl EtcdBaseline {
     async fn keep_alive(&self) -> Result<(), LockError> {
         match self.cluster.keep_alive(self.op_timeout, self.lease).await? {
             true => Ok(()),
-            false => Err(LockError::Lost(dlock_core::LostReason::SessionExpired)),
+            false => Err(LockError::lost(dlock_core::LostReason::SessionExpired)),
         }
     }
 }

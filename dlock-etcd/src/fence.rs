@@ -61,7 +61,7 @@ impl EtcdBackend {
         token: FencingToken,
         ops: impl Into<Vec<TxnOp>>,
     ) -> Result<Txn, LockError> {
-        let key = self.lock_key(name, token).ok_or(LockError::NotHeld)?;
+        let key = self.lock_key(name, token).ok_or(LockError::not_held())?;
         Ok(Txn::new().when([guard(key, token)]).and_then(ops))
     }
 

@@ -39,7 +39,7 @@ impl Shared {
     ) -> Result<(), LockError> {
         let key = hold.key();
         if hold.is_released() || key.is_gone() {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         let target = keys::result_key_in(&key.dir);
         let record = keys::encode_result(token, value);
@@ -74,12 +74,12 @@ impl Shared {
         let mut fresh = false;
         for _ in 0..CAS_ROUNDS {
             if key.is_gone() {
-                return Outcome::Refused(LockError::NotHeld);
+                return Outcome::Refused(LockError::not_held());
             }
             let seen = key.value();
             if !seen.holds.iter().any(|h| h == hold.id()) {
                 if fresh {
-                    return Outcome::Refused(LockError::NotHeld);
+                    return Outcome::Refused(LockError::not_held());
                 }
                 // What we saw may be stale (an answer was lost): read the key.
                 let txn = Txn::new().and_then([TxnOp::get(key.key.clone(), None)]);
@@ -133,21 +133,21 @@ impl Shared {
             }
             let Some(held) = first_kv(&resp, 0).filter(|kv| kv.create_revision() == key.token) else {
                 key.set_gone();
-                return Outcome::Refused(LockError::NotHeld);
+                return Outcome::Refused(LockError::not_held());
             };
             if let Err(err) = self.adopt(key, &held) {
                 return Outcome::Refused(err);
             }
             if held.lease() != key.session().id() {
                 // On a lease this client does not keep alive: the hold is not ours to use.
-                return Outcome::Refused(LockError::NotHeld);
+                return Outcome::Refused(LockError::not_held());
             }
             seen_result = match stored {
                 None => 0,
                 Some(kv) => match keys::decode_result(kv.key(), kv.value()) {
                     Ok(newer) if newer.token >= token => {
                         tracing::debug!(%token, stored = %newer.token, "a result of a later holder is stored");
-                        return Outcome::Refused(LockError::NotHeld);
+                        return Outcome::Refused(LockError::not_held());
                     }
                     Ok(_) => kv.mod_revision(),
                     Err(err) => return Outcome::Refused(err.into()),

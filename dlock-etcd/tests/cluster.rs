@@ -185,7 +185,7 @@ async fn frozen_holder_loses_the_lock_and_its_guarded_write() {
     let mut etcd = waiter.backend().etcd().await.expect("etcd client");
     let value = etcd.get(data, None).await.expect("read the data").kvs().first().map(|kv| kv.value().to_vec());
     assert_eq!(value.as_deref(), Some(&b"waiter"[..]));
-    assert!(matches!(held.release().await, Err(LockError::NotHeld)));
+    assert!(matches!(held.release().await, Err(LockError::NotHeld { .. })));
     next.release().await.expect("release");
 }
 
@@ -284,7 +284,7 @@ async fn holder_on_a_partitioned_member_learns_first() {
     assert!(report.is_clean(), "history: {report}");
 
     tokio::task::block_in_place(|| cluster.heal());
-    assert!(matches!(held.release().await, Err(LockError::NotHeld)), "the old holder's release after healing");
+    assert!(matches!(held.release().await, Err(LockError::NotHeld { .. })), "the old holder's release after healing");
 }
 
 /// Four clients take turns while the leader is cut off from the other members for a

@@ -43,7 +43,7 @@ async fn result_key_lives_beside_the_queue_on_a_lease_of_its_own() {
     assert!(ttl > 590 && ttl <= 600, "the result lease lasts the retention: {ttl} s");
 
     let again = first.store_result(b"again", RETENTION).await;
-    assert!(matches!(again, Err(LockError::NotHeld)), "a second store of the same token: {again:?}");
+    assert!(matches!(again, Err(LockError::NotHeld { .. })), "a second store of the same token: {again:?}");
 
     fixture.evict(&name).await;
     let kept = other.load_result(&name).await.expect("load").expect("the eviction left the result");
@@ -116,7 +116,7 @@ async fn reentrant_holds_store_under_the_key_they_share() {
     inner.store_result(b"inner", RETENTION).await.expect("the inner hold stores");
     inner.release().await.expect("release the inner hold");
     let refused = outer.store_result(b"outer", RETENTION).await;
-    assert!(matches!(refused, Err(LockError::NotHeld)), "a store of a token already stored: {refused:?}");
+    assert!(matches!(refused, Err(LockError::NotHeld { .. })), "a store of a token already stored: {refused:?}");
     let stored = client.load_result(&name).await.expect("load").expect("stored");
     assert_eq!((stored.token, stored.value.as_slice()), (outer.token(), &b"inner"[..]));
     outer.release().await.expect("release");

@@ -240,7 +240,7 @@ async fn locks(
         log.event("acquire", "invoke", None, "");
         let lease = match locker.acquire(&name, &opts).await {
             Ok(lease) => lease,
-            Err(LockError::Timeout) => {
+            Err(LockError::Timeout { .. }) => {
                 log.event("acquire", "fail", None, "timeout");
                 continue;
             }

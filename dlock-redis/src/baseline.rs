@@ -61,7 +61,7 @@ impl RedisBaseline {
         let acquire = acquire_call(keys, (OWNER_FIELD, GRANT_FIELD), &void, times(), no_place());
         match AcquireReply::parse(self.send(&acquire, &keys.hold).await?).map_err(to_lock_error)? {
             AcquireReply::Granted(token) => Ok(token),
-            AcquireReply::Busy { .. } => Err(LockError::Timeout),
+            AcquireReply::Busy { .. } => Err(LockError::timeout()),
         }
     }
 
@@ -98,7 +98,7 @@ impl RawBaseline for RedisBaseline {
             .arg(ttl_millis(MAX_DURATION));
         let stored = StoreReply::parse(self.send(&store, &keys.result()).await?).map_err(to_lock_error)?;
         if !stored.stored() {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         self.send(&release_call(&keys, (OWNER_FIELD, GRANT_FIELD), token, times().1), &keys.hold).await.map(drop)
     }
@@ -115,7 +115,7 @@ impl RawBaseline for RedisBaseline {
             AcquireReply::Granted(token) => {
                 self.send(&release_shared_call(&keys, (&hold, ID), token, times().1), &keys.hold).await.map(drop)
             }
-            AcquireReply::Busy { .. } => Err(LockError::Timeout),
+            AcquireReply::Busy { .. } => Err(LockError::timeout()),
         }
     }
 

@@ -145,7 +145,7 @@ pub(crate) fn store_call(
     retention: Duration,
 ) -> Result<Invocation, LockError> {
     if token.get() != hold.token {
-        return Err(LockError::NotHeld);
+        return Err(LockError::not_held());
     }
     let call = format!("{}/{:016x}", hold.grant_field, fastrand::u64(..));
     let invocation = match hold.kind {
@@ -183,7 +183,7 @@ pub(crate) async fn store<C: ConnectionLike + Send>(
         Ok(())
     } else {
         tracing::debug!(lock = %hold.keys.hold, %token, ?reply, "result refused");
-        Err(LockError::NotHeld)
+        Err(LockError::not_held())
     }
 }
 
@@ -357,7 +357,7 @@ mod tests {
             handed_at: None,
         };
         let call = store_call(&hold, FencingToken::new(8), b"v", Duration::from_secs(1));
-        assert!(matches!(call, Err(LockError::NotHeld)));
+        assert!(matches!(call, Err(LockError::NotHeld { .. })));
         assert!(store_call(&hold, FencingToken::new(7), b"v", Duration::from_secs(1)).is_ok());
     }
 }

@@ -300,7 +300,7 @@ async fn a_waiter_giving_up_as_its_client_hands_it_the_lock_leaves_it_free() {
         held.release().await.unwrap();
         match waiter.await.unwrap() {
             Ok(lease) => lease.release().await.unwrap(),
-            Err(dlock_core::LockError::Timeout) => {
+            Err(dlock_core::LockError::Timeout { .. }) => {
                 let info = locker.inspect(&name).await.unwrap();
                 assert!(
                     info.holder.is_none(),

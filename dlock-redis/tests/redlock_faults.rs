@@ -29,7 +29,7 @@ async fn two_masters_down_keep_the_lock_three_lose_it() {
     // For three ttls nobody else gets in, and the watchdog keeps renewing on the other three.
     let started = Instant::now();
     let denied = other.acquire(&name, &LockOptions::watchdog(timing.ttl).wait(timing.ttl * 3)).await;
-    assert!(matches!(denied, Err(LockError::Timeout)), "with two masters down: {denied:?}");
+    assert!(matches!(denied, Err(LockError::Timeout { .. })), "with two masters down: {denied:?}");
     assert!(started.elapsed() >= timing.ttl * 3);
     assert!(!lease.is_lost(), "the holder lost the lock with three masters up: {:?}", lease.lost_reason());
     assert!(holder.stats().renewals >= renewals + 3, "the watchdog stopped renewing on the three left");
@@ -121,7 +121,7 @@ async fn tokens_increase_across_200_holders_while_masters_restart() {
                     Err(e) => {
                         // Nodes just restarted, or a quorum briefly out of reach: try again.
                         history.record(process, Op::Acquire, Phase::Fail, None);
-                        assert!(e.is_transient() || matches!(e, LockError::Timeout), "acquire: {e}");
+                        assert!(e.is_transient() || matches!(e, LockError::Timeout { .. }), "acquire: {e}");
                         failures.fetch_add(1, Ordering::Relaxed);
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         continue;

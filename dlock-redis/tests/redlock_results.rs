@@ -80,7 +80,7 @@ async fn remains_of_a_failed_store_are_never_a_result() {
     let lease = client.acquire(&name, &opts()).await.expect("acquire");
     drop_hold(&fixture, &keys.hold, &[0, 1, 2]).await;
     let refused = lease.store_result(b"remains", RETENTION).await;
-    assert!(matches!(refused, Err(LockError::NotHeld)), "a store a majority refused: {refused:?}");
+    assert!(matches!(refused, Err(LockError::NotHeld { .. })), "a store a majority refused: {refused:?}");
     let copies_now = copies(&fixture, &keys.result()).await;
     assert!(copies_now[..3].iter().all(Option::is_none), "{copies_now:?}");
     assert_eq!(client.load_result(&name).await.expect("load"), None, "the remains of a failed store were read");
@@ -100,7 +100,7 @@ async fn remains_of_a_failed_store_are_never_a_result() {
     assert!(later.token() > result_token);
     drop_hold(&fixture, &keys.hold, &[0, 1, 2]).await;
     let refused = later.store_result(b"later remains", RETENTION).await;
-    assert!(matches!(refused, Err(LockError::NotHeld)), "a store a majority refused: {refused:?}");
+    assert!(matches!(refused, Err(LockError::NotHeld { .. })), "a store a majority refused: {refused:?}");
     let stored = client.load_result(&name).await.expect("load").expect("the result under the remains");
     assert_eq!((stored.token, stored.value.as_slice()), (result_token, &b"result"[..]));
     drop(later);

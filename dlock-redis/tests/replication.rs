@@ -96,7 +96,7 @@ async fn locks_through_sentinel_follow_a_failover() {
     let after = loop {
         match b.acquire(&name, &LockOptions::new().wait(Duration::from_secs(1))).await {
             Ok(lease) => break lease,
-            Err(LockError::Unavailable { .. } | LockError::QuorumNotReached { .. } | LockError::Timeout) => {
+            Err(LockError::Unavailable { .. } | LockError::QuorumNotReached { .. } | LockError::Timeout { .. }) => {
                 assert!(failed_over.elapsed() < Duration::from_secs(8), "no lock through Sentinel after the failover");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

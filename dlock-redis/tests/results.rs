@@ -59,14 +59,14 @@ async fn result_lives_beside_the_hold_and_outlives_it() {
     assert!(pttl > 590_000 && pttl <= 600_000, "the record lasts the retention: {pttl} ms");
 
     let again = first.store_result(b"again", RETENTION).await;
-    assert!(matches!(again, Err(LockError::NotHeld)), "a second store of the same token: {again:?}");
+    assert!(matches!(again, Err(LockError::NotHeld { .. })), "a second store of the same token: {again:?}");
 
     // Evicted: the hold is gone, the result stays, and the evicted holder stores nothing.
     let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut conn).await.unwrap();
     let kept = other.load_result(&name).await.expect("load").expect("the eviction left the result");
     assert_eq!((kept.token, kept.value.as_slice()), (first.token(), &b"first"[..]));
     let late = first.store_result(b"late", RETENTION).await;
-    assert!(matches!(late, Err(LockError::NotHeld)), "a store after the eviction: {late:?}");
+    assert!(matches!(late, Err(LockError::NotHeld { .. })), "a store after the eviction: {late:?}");
 
     let second = other.acquire(&name, &opts()).await.expect("the evicted lock is free");
     second.store_result(b"second", RETENTION).await.expect("a later holder replaces the result");
@@ -91,7 +91,7 @@ async fn reentrant_holds_share_one_result() {
     inner.store_result(b"inner", RETENTION).await.expect("the inner hold stores");
     inner.release().await.expect("release the inner hold");
     let refused = outer.store_result(b"outer", RETENTION).await;
-    assert!(matches!(refused, Err(LockError::NotHeld)), "a store of a token already stored: {refused:?}");
+    assert!(matches!(refused, Err(LockError::NotHeld { .. })), "a store of a token already stored: {refused:?}");
     let stored = client.load_result(&name).await.expect("load").expect("stored");
     assert_eq!((stored.token, stored.value.as_slice()), (outer.token(), &b"inner"[..]));
     outer.release().await.expect("release");

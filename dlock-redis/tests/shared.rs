@@ -354,7 +354,7 @@ async fn inspect_and_results_for_readers_and_permits() {
 
     first.store_result(b"first", Duration::from_secs(60)).await.expect("a reader stores");
     second.store_result(b"second", Duration::from_secs(60)).await.expect("a later reader stores");
-    assert!(matches!(first.store_result(b"again", Duration::from_secs(60)).await, Err(LockError::NotHeld)));
+    assert!(matches!(first.store_result(b"again", Duration::from_secs(60)).await, Err(LockError::NotHeld { .. })));
     let stored = a.load_result(&name).await.unwrap().expect("stored");
     assert_eq!((stored.token, stored.value.as_slice()), (second.token(), &b"second"[..]));
     for lease in [first, again, second] {

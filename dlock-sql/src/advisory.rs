@@ -826,15 +826,15 @@ impl Backend for AdvisoryBackend {
         value: &[u8],
         retention: Duration,
     ) -> Result<(), LockError> {
-        let token = i64::try_from(token.get()).map_err(|_| LockError::NotHeld)?;
+        let token = i64::try_from(token.get()).map_err(|_| LockError::not_held())?;
         let retention_us = crate::results::retention_us(retention);
         if hold.session.is_closed() {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         let mut conn = hold.session.conn.lock().await;
         // Released: the session may hold this lock again by now, for another hold.
         if *hold.released.borrow() || hold.session.is_closed() {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         let mut retry = RollbackRetry::default();
         let stored = loop {
@@ -849,9 +849,9 @@ impl Backend for AdvisoryBackend {
                 self.shared.sweeper.after_store(&self.shared.conn, &self.shared.results.sweep);
                 Ok(())
             }
-            Ok(false) => Err(LockError::NotHeld),
+            Ok(false) => Err(LockError::not_held()),
             // The server ended the session instead of running the statement to its commit.
-            Err(err) if is_session_ended(&err) => Err(LockError::NotHeld),
+            Err(err) if is_session_ended(&err) => Err(LockError::not_held()),
             // The connection broke under the statement. Once the server has ended the
             // session too, the statement committed before that or never will: the record
             // kept tells which. (The server may end an idle session it was told to kill
@@ -859,7 +859,7 @@ impl Backend for AdvisoryBackend {
             Err(err) if session_gone(&err) && self.ended(&hold.session).await => {
                 match self.load_result(&hold.name).await? {
                     Some(kept) if kept.token == FencingToken::new(token as u64) && kept.value == value => Ok(()),
-                    _ => Err(LockError::NotHeld),
+                    _ => Err(LockError::not_held()),
                 }
             }
             Err(err) => Err(lock_error(err)),

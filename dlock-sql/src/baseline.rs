@@ -40,7 +40,7 @@ impl SqlBaseline {
     /// The acquire statement of an uncontended exclusive hold: its fence (the token).
     async fn acquire(&self, name: &LockName) -> Result<i64, LockError> {
         let granted = self.pool.run(&self.sql.acquire, args(name)).await?;
-        crate::lease::granted_fence(&self.sql, &granted).ok_or(LockError::Timeout)
+        crate::lease::granted_fence(&self.sql, &granted).ok_or(LockError::timeout())
     }
 
     /// The release statement of the exclusive hold of `fence`.
@@ -65,7 +65,7 @@ impl RawBaseline for SqlBaseline {
         let stmt = &self.sql.store_result;
         let stored = self.pool.run(stmt, Args { value, retention_us, fence, ..args(name) }).await?;
         if stored.matched(stmt.reply) == 0 {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         self.release(name, fence).await
     }
@@ -82,7 +82,7 @@ impl RawBaseline for SqlBaseline {
                 Box::pin(crate::holds::attempt(tx, sql, args.args(), kind, false))
             }))
             .await?;
-        let crate::holds::Attempted::Granted(fence) = attempted else { return Err(LockError::Timeout) };
+        let crate::holds::Attempted::Granted(fence) = attempted else { return Err(LockError::timeout()) };
         let released = self
             .pool
             .transact(&in_tx(&self.sql, Args { fence, ..args }, |tx, sql, args| {
@@ -92,7 +92,7 @@ impl RawBaseline for SqlBaseline {
         if released {
             Ok(())
         } else {
-            Err(LockError::NotHeld)
+            Err(LockError::not_held())
         }
     }
 

@@ -13,8 +13,8 @@ use dlock_core::LockError;
 /// use dlock_core::LockError;
 /// use dlock_sql::SqlError;
 ///
-/// assert!(matches!(LockError::from(SqlError::Contended), LockError::Timeout));
-/// assert!(matches!(LockError::from(SqlError::Fenced), LockError::NotHeld));
+/// assert!(matches!(LockError::from(SqlError::Contended), LockError::Timeout { .. }));
+/// assert!(matches!(LockError::from(SqlError::Fenced), LockError::NotHeld { .. }));
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -57,8 +57,8 @@ impl From<sqlx::Error> for SqlError {
 impl From<SqlError> for LockError {
     fn from(err: SqlError) -> Self {
         match err {
-            SqlError::Contended => LockError::Timeout,
-            SqlError::Fenced => LockError::NotHeld,
+            SqlError::Contended => LockError::timeout(),
+            SqlError::Fenced => LockError::not_held(),
             SqlError::Unavailable(e) | SqlError::Database(e) if refusal(&e).is_some() => lock_error(e),
             SqlError::Unavailable(e) => LockError::unavailable_because("the database could not be reached", e),
             other => LockError::backend(other),

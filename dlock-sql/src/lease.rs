@@ -674,14 +674,14 @@ impl Backend for SqlBackend {
         retention: Duration,
     ) -> Result<(), LockError> {
         if u64::try_from(hold.fence).ok() != Some(token.get()) {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         let sql = &self.shared.sql;
         let stmt = if hold.kind == HoldKind::Exclusive { &sql.store_result } else { &sql.holds.store_result };
         let retention_us = crate::results::retention_us(retention);
         let args = Args { value, retention_us, ..Self::hold_args(hold, Duration::ZERO) };
         if self.run(stmt, args).await?.matched(stmt.reply) == 0 {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         self.shared.sweeper.after_store(&self.shared.conn, &sql.results.sweep);
         Ok(())

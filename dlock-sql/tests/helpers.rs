@@ -129,7 +129,10 @@ macro_rules! helper_tests {
                     .run(&pool, 1_i64, |_c| Box::pin(async { Ok(()) }))
                     .await;
                 assert!(matches!(bounded, Err(SqlError::Contended)), "bounded wait on a held row: {bounded:?}");
-                assert!(matches!(dlock_core::LockError::from(bounded.unwrap_err()), dlock_core::LockError::Timeout));
+                assert!(matches!(
+                    dlock_core::LockError::from(bounded.unwrap_err()),
+                    dlock_core::LockError::Timeout { .. }
+                ));
                 go_tx.send(()).unwrap();
                 holder.await.unwrap().expect("the holder commits");
                 let missing = lock.clone().nowait().run(&pool, 999_i64, |_c| Box::pin(async { Ok(()) })).await;

@@ -133,7 +133,7 @@ impl Tx {
 }
 
 fn assert_not_held(what: &str, outcome: Result<(), LockError>) {
-    assert!(matches!(outcome, Err(LockError::NotHeld)), "{what}: {outcome:?}");
+    assert!(matches!(outcome, Err(LockError::NotHeld { .. })), "{what}: {outcome:?}");
 }
 
 /// The result is a row of `dlock_results` beside the lease row, with the hold's token and

@@ -751,18 +751,18 @@ impl Backend for ZkBackend {
         // The node is shared by the owner's re-entrant leases: this lease itself must still
         // ride on it, not only the node be held.
         if !node.rides(hold.id) || node.expires_at() <= Instant::now() {
-            return Err(LockError::NotHeld);
+            return Err(LockError::not_held());
         }
         let path = self.settings.config.result_path(&node.name);
         let record = results::encode(token, results::expiry_ms(retention), value);
         match results::store(&self.settings, &hold.session, node, &path, token, &record).await? {
             Outcome::Written => Ok(()),
-            Outcome::NotHeld => Err(LockError::NotHeld),
+            Outcome::NotHeld => Err(LockError::not_held()),
             Outcome::Unknown => {
                 let session = self.any_session().await?;
                 match results::read(session.client(), &path).await {
                     Ok(Some((data, _))) if data == record => Ok(()),
-                    Ok(_) => Err(LockError::NotHeld),
+                    Ok(_) => Err(LockError::not_held()),
                     Err(err) => Err(lock_error("read the result back", err)),
                 }
             }

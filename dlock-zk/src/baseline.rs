@@ -114,7 +114,7 @@ impl RawBaseline for ZkBaseline {
         match writer.commit().await {
             Ok(_) => {}
             Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoNode }) => {
-                return Err(LockError::NotHeld)
+                return Err(LockError::not_held())
             }
             Err(err) => return Err(lock_error("store the result", err.into())),
         }

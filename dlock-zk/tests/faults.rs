@@ -56,7 +56,7 @@ async fn holder_session_expires() {
     assert!(lost_at <= granted_at, "the waiter was granted before the holder's lost signal fired");
     assert!(next.token() > lease.token(), "token {} after {}", next.token(), lease.token());
     assert!(lease.is_lost() && lease.remaining().is_zero());
-    assert!(matches!(lease.release().await, Err(LockError::NotHeld)));
+    assert!(matches!(lease.release().await, Err(LockError::NotHeld { .. })));
 
     // The holder comes back: its old session is over, a new one serves it.
     link.restore();

@@ -105,7 +105,7 @@ async fn fixed_lease_node_is_deleted_at_expiry() {
     })
     .await;
     assert!(!kept.is_lost(), "the session and its other holds live on");
-    assert!(matches!(fixed.release().await, Err(LockError::NotHeld)));
+    assert!(matches!(fixed.release().await, Err(LockError::NotHeld { .. })));
     kept.release().await.expect("release");
 }
 
@@ -165,7 +165,7 @@ async fn sessions_are_pooled_by_ttl_and_closed_when_idle() {
         match lease.release().await {
             Ok(()) => {}
             // A fixed lease of 2 s may run out while a loaded machine takes 100 acquires.
-            Err(LockError::NotHeld) if fixed => {}
+            Err(LockError::NotHeld { .. }) if fixed => {}
             Err(err) => panic!("release: {err}"),
         }
     }

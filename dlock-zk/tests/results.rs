@@ -56,8 +56,8 @@ async fn results_live_beside_the_lock() {
     fixture.evict(&name).await;
     let stored = client.load_result(&name).await.expect("load").expect("kept after the eviction");
     assert_eq!((stored.token, stored.value.as_slice()), (lease.token(), &b"shipped"[..]));
-    assert!(matches!(lease.store_result(b"again", RETENTION).await, Err(LockError::NotHeld)));
-    assert!(matches!(lease.release().await, Err(LockError::NotHeld)));
+    assert!(matches!(lease.store_result(b"again", RETENTION).await, Err(LockError::NotHeld { .. })));
+    assert!(matches!(lease.release().await, Err(LockError::NotHeld { .. })));
 
     eventually("the server deletes the empty lock znode", MARGIN, || async {
         matches!(admin.check_stat(&lock_path).await, Ok(None))
@@ -96,7 +96,7 @@ async fn expired_results_read_as_absent_and_are_overwritten() {
     let stored = client.load_result(&name).await.expect("load").expect("stored");
     assert_eq!((stored.token, stored.value.as_slice()), (second.token(), &b"long"[..]));
     assert!(
-        matches!(second.store_result(b"twice", RETENTION).await, Err(LockError::NotHeld)),
+        matches!(second.store_result(b"twice", RETENTION).await, Err(LockError::NotHeld { .. })),
         "a second store of the same token replaced the record"
     );
     second.release().await.expect("release");
@@ -266,7 +266,7 @@ async fn a_released_reentrant_grant_stores_nothing() {
     assert_eq!(token, again, "a re-entry keeps the token");
     assert!(matches!(backend.release(&second).await.expect("release"), Release::Released));
     let refused = backend.store_result(&second, token, b"late", RETENTION).await;
-    assert!(matches!(refused, Err(LockError::NotHeld)), "a released grant stored a result: {refused:?}");
+    assert!(matches!(refused, Err(LockError::NotHeld { .. })), "a released grant stored a result: {refused:?}");
     backend.store_result(&first, token, b"kept", RETENTION).await.expect("the live grant stores");
     assert!(matches!(backend.release(&first).await.expect("release"), Release::Released));
 }

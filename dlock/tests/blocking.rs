@@ -36,7 +36,7 @@ fn a_wait_bound_blocks_and_then_times_out() {
     let _held = locker.acquire(&name, &LockOptions::watchdog(TTL)).expect("acquire");
     let waiting = LockOptions::watchdog(TTL).wait(Duration::from_millis(100));
     let waited = std::time::Instant::now();
-    assert!(matches!(locker.acquire(&name, &waiting), Err(LockError::Timeout)));
+    assert!(matches!(locker.acquire(&name, &waiting), Err(LockError::Timeout { .. })));
     assert!(waited.elapsed() >= Duration::from_millis(100));
 }
 

@@ -342,7 +342,7 @@ pub async fn holder_learns_first_under_one_way_partitions(f: &dyn Faults) {
         faulty.link.restore();
         next.release().await.expect("release");
         let released = lease.release().await;
-        assert!(matches!(released, Err(LockError::NotHeld)), "the release of a lost lease: {released:?}");
+        assert!(matches!(released, Err(LockError::NotHeld { .. })), "the release of a lost lease: {released:?}");
     }
 }
 
@@ -365,7 +365,7 @@ pub async fn release_after_lost_is_not_held(f: &dyn Faults) {
     // The renewals held back reach the backend now, after the new grant.
     faulty.link.restore();
     let released = lease.release().await;
-    assert!(matches!(released, Err(LockError::NotHeld)), "the release of a lost lease: {released:?}");
+    assert!(matches!(released, Err(LockError::NotHeld { .. })), "the release of a lost lease: {released:?}");
     settled(&faulty.locker, soon(f)).await;
 
     let holder = other.inspect(&name).await.expect("inspect").holder.expect("the next holder still holds the lock");

@@ -104,7 +104,13 @@ pub async fn wait_bound_times_out(f: &dyn Fixture) {
     let started = Instant::now();
     let result = b.acquire(&name, &watchdog(f, bound)).await;
     let took = started.elapsed();
-    assert!(matches!(result, Err(LockError::Timeout)), "expected Timeout, got {result:?}");
+    assert!(matches!(result, Err(LockError::Timeout { .. })), "expected Timeout, got {result:?}");
+    if let Err(err @ LockError::Timeout { waited, .. }) = &result {
+        // The error says which lock and how long it waited.
+        assert_eq!(err.lock_name(), Some(name.as_str()), "{err}");
+        assert_eq!(*waited, Some(bound), "{err}");
+        assert!(err.to_string().contains(name.as_str()), "{err}");
+    }
     assert!(took >= bound, "Timeout after {took:?}, before the bound of {bound:?}");
     assert!(took < bound + timing.margin, "Timeout after {took:?}, far past the bound of {bound:?}");
 

@@ -153,12 +153,15 @@ pub async fn stale_lease_cannot_release_or_extend(f: &dyn Evict) {
 
     let extended = stale.extend(timing.ttl * 10).await;
     if a.capabilities().extend {
-        assert!(matches!(extended, Err(LockError::NotHeld)), "a stale lease extended: {extended:?}");
+        assert!(matches!(extended, Err(LockError::NotHeld { .. })), "a stale lease extended: {extended:?}");
     } else {
         assert_unsupported("extend", extended);
     }
     let released = stale.release().await;
-    assert!(matches!(released, Err(LockError::NotHeld)), "a stale lease released: {released:?}");
+    assert!(matches!(released, Err(LockError::NotHeld { .. })), "a stale lease released: {released:?}");
+    if let Err(err) = &released {
+        assert_eq!(err.lock_name(), Some(name.as_str()), "the error does not name the lock: {err}");
+    }
     // A lease already known lost gives back what may remain of its hold in the background:
     // let that finish before judging what it did.
     let a_settles = a.clone();

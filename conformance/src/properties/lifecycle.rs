@@ -89,7 +89,10 @@ pub async fn lost_when_removed_underneath(f: &dyn Evict) {
         .await
         .expect("with_lock must return when the lease is lost")
         .expect("task");
-    assert!(matches!(outcome, Err(LockError::Lost(_))), "with_lock returned {outcome:?}");
+    assert!(matches!(outcome, Err(LockError::Lost { .. })), "with_lock returned {outcome:?}");
+    if let Err(err) = &outcome {
+        assert_eq!(err.lock_name(), Some(name.as_str()), "the error does not name the lock: {err}");
+    }
     assert!(dropped.load(Ordering::SeqCst), "with_lock must cancel (drop) the work");
 }
 

@@ -478,7 +478,7 @@ pub async fn cancelled_reader_leaves_nothing(f: &dyn Fixture) {
         tokio::time::timeout(Duration::from_millis(100), b.acquire(&name, &read(f, Duration::from_secs(30)))).await;
     assert!(gave_up.is_err(), "the reader was granted beside a writer");
     let timed_out = b.acquire(&name, &read(f, Duration::from_millis(50))).await;
-    assert!(matches!(timed_out, Err(dlock_core::LockError::Timeout)), "a bounded reader's wait: {timed_out:?}");
+    assert!(matches!(timed_out, Err(dlock_core::LockError::Timeout { .. })), "a bounded reader's wait: {timed_out:?}");
     writer.release().await.expect("release");
     let margin = f.timing().margin;
     eventually("the lock is free once the writer left", margin, || {

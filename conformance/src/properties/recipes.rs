@@ -251,7 +251,7 @@ pub async fn idempotent_late_result_is_refused(f: &dyn Evict) {
     let stale = first.acquire(&key, &watchdog(f, f.timing().margin)).await.expect("acquire");
     f.evict(&key).await;
     let refused = stale.store_result(b"\"late\"", retention).await;
-    assert!(matches!(refused, Err(LockError::NotHeld)), "a store after the hold ended: {refused:?}");
+    assert!(matches!(refused, Err(LockError::NotHeld { .. })), "a store after the hold ended: {refused:?}");
     assert_eq!(second.load_result(&key).await.expect("load"), None);
 
     let runs = AtomicUsize::new(0);
@@ -260,7 +260,7 @@ pub async fn idempotent_late_result_is_refused(f: &dyn Evict) {
     let kept = second.load_result(&key).await.expect("load").expect("stored");
     assert!(kept.token > stale.token());
     let refused = stale.store_result(b"\"late\"", retention).await;
-    assert!(matches!(refused, Err(LockError::NotHeld)), "a late store over a newer result: {refused:?}");
+    assert!(matches!(refused, Err(LockError::NotHeld { .. })), "a late store over a newer result: {refused:?}");
     assert_eq!(second.load_result(&key).await.expect("load"), Some(kept), "the late run overwrote a newer result");
     drop(stale);
 }
@@ -316,7 +316,7 @@ pub async fn multilock_failure_leaves_no_partial_holds(f: &dyn Faults) {
     let blocker = checker.acquire(&all[2], &watchdog(f, timing.margin)).await.expect("hold the last part");
     let multi = MultiLock::on(client.clone(), all.clone()).expect("names");
     let timed_out = multi.acquire(&watchdog(f, Duration::from_millis(200))).await;
-    assert!(matches!(timed_out, Err(LockError::Timeout)), "last part busy: {timed_out:?}");
+    assert!(matches!(timed_out, Err(LockError::Timeout { .. })), "last part busy: {timed_out:?}");
     assert!(multi.try_acquire(&watchdog(f, Duration::ZERO)).await.expect("try").is_none());
     free(&all[..2]).await;
     blocker.release().await.expect("release");
@@ -356,7 +356,7 @@ pub async fn multilease_combines_its_parts(f: &dyn Evict) {
     tokio::time::timeout(timing.ttl + timing.margin, lease.lost()).await.expect("losing one part fires the signal");
     assert!(lease.is_lost() && lease.lost_reason().is_some());
     let released = lease.release().await;
-    assert!(matches!(released, Err(LockError::NotHeld)), "releasing with a lost part: {released:?}");
+    assert!(matches!(released, Err(LockError::NotHeld { .. })), "releasing with a lost part: {released:?}");
     for name in [&names[0], &names[2]] {
         let again = checker.try_acquire(name, &watchdog(f, Duration::ZERO)).await.expect("try_acquire");
         assert!(again.is_some(), "{name} stayed held after the multi-lease's release");

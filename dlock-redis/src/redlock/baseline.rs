@@ -130,7 +130,7 @@ impl RawBaseline for RedLockBaseline {
             self.release(&keys, token, &granted).await?;
             token = self.propose(fence);
         }
-        Err(LockError::Timeout)
+        Err(LockError::timeout())
     }
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {

@@ -76,7 +76,7 @@ pub(super) async fn store(
         Some(true) => Ok(()),
         Some(false) => {
             tracing::debug!(lock = %hold.keys.hold, %token, ?answers, "too many masters refused the result");
-            Err(LockError::NotHeld)
+            Err(LockError::not_held())
         }
         None => {
             let stored = count_stored(&answers);

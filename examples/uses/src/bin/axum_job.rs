@@ -117,7 +117,7 @@ async fn run_job(lease: Lease, mut stop: watch::Receiver<bool>) -> Result<(), Lo
     };
     eprintln!("axum_job: {} {ended}", lease.name());
     match lease.release().await {
-        Err(LockError::NotHeld) => Ok(()),
+        Err(LockError::NotHeld { .. }) => Ok(()),
         other => other,
     }
 }
