@@ -89,7 +89,25 @@ pub struct RedisConfig {
     sentinel_password: Option<String>,
     common: ConnectOptions,
     replica_ack: Option<ReplicaAck>,
+    given: Option<GivenClient>,
 }
+
+/// The application's own `redis::Client`: the lock's connections are made from it (its
+/// address, TLS, credentials and database). Two are the same only if they are the same
+/// one given.
+#[derive(Clone)]
+pub(crate) struct GivenClient {
+    pub(crate) client: redis::Client,
+    id: u64,
+}
+
+impl PartialEq for GivenClient {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for GivenClient {}
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -100,6 +118,7 @@ impl fmt::Debug for RedisConfig {
             .field("sentinel_password", &self.sentinel_password.as_ref().map(|_| "<redacted>"))
             .field("common", &self.common)
             .field("replica_ack", &self.replica_ack)
+            .field("given_client", &self.given.is_some())
             .finish()
     }
 }
@@ -128,7 +147,51 @@ impl RedisConfig {
             sentinel_password: None,
             common: ConnectOptions::default(),
             replica_ack: None,
+            given: None,
         }
+    }
+
+    /// Locks on the server of the application's own `redis::Client` (redis 1.x, also
+    /// re-exported as [`crate::redis`]): the lock's connections are made from it, with
+    /// its address, TLS settings, credentials and database, so that nothing about the
+    /// server is configured twice. The client opens its own connections from it: one for
+    /// commands (a connection manager, which reconnects), one for the pub/sub wake-ups,
+    /// and with [`with_replica_ack`](Self::with_replica_ack) a few more for `WAIT`.
+    /// One server only (a Cluster or Sentinel client is configured by URL);
+    /// `InvalidInput` for a client of a Unix socket.
+    ///
+    /// ```
+    /// use dlock_core::ConnectConfig;
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// let client = dlock_redis::redis::Client::open("redis://:secret@10.0.0.5:6380/2")?;
+    /// let config = RedisConfig::from_client(client)?.with_prefix("shop");
+    /// assert_eq!(config.target(), "redis://10.0.0.5:6380/2 prefix shop");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_client(client: redis::Client) -> Result<Self, LockError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let info = client.get_connection_info();
+        let (host, port, tls) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port, false),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port, true),
+            other => {
+                return Err(LockError::InvalidInput(format!(
+                    "a Redis client of {other}: the lock needs one that connects over TCP"
+                )))
+            }
+        };
+        let mut config = Self::single(host, port);
+        config.access.tls = tls;
+        config.access.db = info.redis_settings().db();
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        config.given = Some(GivenClient { client, id });
+        Ok(config)
+    }
+
+    /// The application's own client, if the config was made from one.
+    pub(crate) fn given_client(&self) -> Option<&redis::Client> {
+        self.given.as_ref().map(|given| &given.client)
     }
 
     /// Parses a URL:
@@ -223,6 +286,13 @@ impl RedisConfig {
     pub fn validate(&self) -> Result<(), LockError> {
         let bad = |why: String| Err(LockError::InvalidInput(why));
         KeyLayout::new(self.prefix())?;
+        if self.given.is_some()
+            && (self.access.user.is_some() || self.access.password.is_some() || self.access.tls_ca.is_some())
+        {
+            return bad(
+                "credentials and TLS belong to the application's redis::Client, not to the lock's config".into()
+            );
+        }
         let nodes = match &self.topology {
             Topology::Single(node) => std::slice::from_ref(node),
             Topology::Cluster(nodes) => nodes.as_slice(),

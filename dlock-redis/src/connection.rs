@@ -212,7 +212,10 @@ pub(crate) fn connect_lazily(config: &RedisConfig) -> Result<Connected, LockErro
         return Err(LockError::InvalidInput("a lazy connection is to one server".into()));
     };
     let ca = prepare_tls(config)?;
-    let client = client(node_info(node, config), ca.as_deref()).map_err(to_lock_error)?;
+    let client = match config.given_client() {
+        Some(given) => given.clone(),
+        None => client(node_info(node, config), ca.as_deref()).map_err(to_lock_error)?,
+    };
     let manager =
         ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config)).map_err(to_lock_error)?;
     Ok(Connected { commands: RedisConnection::Single(manager), nodes: NodeSource::Single(Box::new(client)) })
@@ -245,6 +248,13 @@ fn client(info: ConnectionInfo, ca: Option<&[u8]>) -> RedisResult<Client> {
 }
 
 async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected> {
+    if let Some(client) = config.given_client() {
+        let manager = ConnectionManager::new_with_config(client.clone(), manager_config(config)).await?;
+        return Ok(Connected {
+            commands: RedisConnection::Single(manager),
+            nodes: NodeSource::Single(Box::new(client.clone())),
+        });
+    }
     match config.topology() {
         Topology::Single(node) => {
             let client = client(node_info(node, config), ca)?;

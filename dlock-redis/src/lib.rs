@@ -270,6 +270,8 @@ pub use connection::{NodeSource, RedisConnection};
 pub use dlock_core::ConnectConfig;
 pub use hold::RedisHold;
 pub use keys::{KeyLayout, LockKeys};
+/// The redis crate this one is built with: [`RedisConfig::from_client`] takes its `Client`.
+pub use redis;
 pub use redlock::{RedLockConfig, RedLockLocker, REDLOCK_CAPABILITIES};
 
 /// The connections of their own that grants and renewals take when they wait for
