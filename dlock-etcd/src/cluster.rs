@@ -81,6 +81,19 @@ impl Cluster {
         Cluster { members, pinned: AtomicUsize::new(first), options, connect_timeout, patience }
     }
 
+    /// The application's own client, for every request: it keeps its own connections
+    /// (and its own balancing over its endpoints); `label` names it in errors.
+    pub(crate) fn given(client: Client, label: String, connect_timeout: Duration, patience: Duration) -> Self {
+        let member = Member { endpoint: label, client: tokio::sync::OnceCell::new_with(Some(client)) };
+        Cluster {
+            members: vec![member],
+            pinned: AtomicUsize::new(0),
+            options: ConnectOptions::new(),
+            connect_timeout,
+            patience,
+        }
+    }
+
     async fn client(&self, index: usize) -> Result<Client, Error> {
         let member = &self.members[index];
         member

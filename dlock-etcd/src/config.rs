@@ -40,7 +40,24 @@ pub struct EtcdConfig {
     identity: Option<(PathBuf, PathBuf)>,
     domain: Option<String>,
     common: ConnectOptions,
+    given: Option<GivenClient>,
 }
+
+/// The application's own `etcd_client::Client`. Two are the same only if they are the
+/// same one given.
+#[derive(Clone)]
+pub(crate) struct GivenClient {
+    pub(crate) client: etcd_client::Client,
+    id: u64,
+}
+
+impl PartialEq for GivenClient {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for GivenClient {}
 
 impl fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -52,6 +69,7 @@ impl fmt::Debug for EtcdConfig {
             .field("identity", &self.identity)
             .field("domain", &self.domain)
             .field("common", &self.common)
+            .field("given_client", &self.given.is_some())
             .finish()
     }
 }
@@ -72,6 +90,7 @@ impl EtcdConfig {
             identity: None,
             domain: None,
             common: ConnectOptions::default(),
+            given: None,
         }
     }
 
@@ -191,7 +210,43 @@ impl EtcdConfig {
     }
 
     /// Checks what the URL parser checks, for configurations built by hand.
+    /// Sends every request through the application's own client (etcd-client 0.x, also
+    /// re-exported as [`crate::etcd_client`]) instead of connecting to the hosts, which
+    /// then only name the cluster in errors and in [`target`](dlock_core::Locker::target).
+    /// The client's endpoints, TLS and credentials are its own: setting any of them here
+    /// too is `InvalidInput` at connect. The lock opens no connection of its own; its
+    /// watches and lease keep-alives are streams on the client's connections. A client of
+    /// this crate's own moves to another member when one fails; a given client balances
+    /// over its endpoints as etcd-client does.
+    ///
+    /// ```no_run
+    /// use dlock_etcd::EtcdConfig;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = dlock_etcd::etcd_client::Client::connect(["10.0.0.1:2379"], None).await?;
+    /// let locker = dlock_etcd::connect(EtcdConfig::new(["10.0.0.1:2379"]).with_client(client)).await?;
+    /// # drop(locker); Ok(()) }
+    /// ```
+    pub fn with_client(mut self, client: etcd_client::Client) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.given = Some(GivenClient { client, id });
+        self
+    }
+
+    /// The application's own client, if one was given.
+    pub(crate) fn given_client(&self) -> Option<&etcd_client::Client> {
+        self.given.as_ref().map(|given| &given.client)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), LockError> {
+        if self.given.is_some()
+            && (self.user.is_some() || self.ca.is_some() || self.identity.is_some() || self.domain.is_some())
+        {
+            return Err(LockError::InvalidInput(
+                "credentials and TLS belong to the application's etcd client, not to the lock's config".into(),
+            ));
+        }
         if self.hosts.is_empty() {
             return Err(LockError::InvalidInput("an etcd configuration needs at least one endpoint".into()));
         }

@@ -20,6 +20,11 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) async fn open(config: &EtcdConfig) -> Result<Cluster, LockError> {
     config.validate()?;
     let limit = config.connect_timeout();
+    if let Some(client) = config.given_client() {
+        let label = format!("the application's client ({})", config.endpoints().join(","));
+        let cluster = Cluster::given(client.clone(), label, limit, config.op_timeout() / 2);
+        return probe(cluster, config).await;
+    }
     let mut options = ConnectOptions::new()
         .with_connect_timeout(limit)
         .with_keep_alive(PING_INTERVAL, PING_TIMEOUT)
@@ -36,8 +41,13 @@ pub(crate) async fn open(config: &EtcdConfig) -> Result<Cluster, LockError> {
     // Half the operation timeout: a renewal that hangs that long moves the next requests
     // to another member before the client sends a second renewal beside it.
     let cluster = Cluster::new(config.endpoints(), options, limit, config.op_timeout() / 2);
+    probe(cluster, config).await
+}
+
+/// Reads one key, so that a cluster that does not answer is `Unavailable` now.
+async fn probe(cluster: Cluster, config: &EtcdConfig) -> Result<Cluster, LockError> {
     let probe = format!("{}/", config.prefix()).into_bytes();
-    cluster.get("connect", limit, probe, GetOptions::new().with_keys_only().with_limit(1)).await?;
+    cluster.get("connect", config.connect_timeout(), probe, GetOptions::new().with_keys_only().with_limit(1)).await?;
     Ok(cluster)
 }
 

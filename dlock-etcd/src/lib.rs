@@ -150,6 +150,9 @@ pub use backend::EtcdBackend;
 pub use baseline::{raw_baseline, EtcdBaseline};
 pub use config::EtcdConfig;
 pub use error::EtcdError;
+/// The etcd-client crate this one is built with: [`EtcdConfig::with_client`] takes its
+/// `Client`.
+pub use etcd_client;
 pub use fence::guard;
 pub use keys::{lock_dir, result_key};
 pub use lock::EtcdTicket;
