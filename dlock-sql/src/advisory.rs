@@ -192,6 +192,13 @@ impl AdvisoryBackend {
         if config.dialect == Dialect::Sqlite {
             return Err(LockError::InvalidInput("SQLite has no advisory locks".into()));
         }
+        if config.transaction_pooler {
+            return Err(LockError::InvalidInput(
+                "advisory locks are held by a server session, which a transaction pooler hands to other clients \
+                 after each transaction: use the lease table (lock=lease) behind pooler=transaction"
+                    .into(),
+            ));
+        }
         let given_verifies =
             matches!(&config.target, Target::Given(given) if crate::tls::pool_verifies_host(&given.pool));
         if crate::tls::verifies_host(&config.tls) || given_verifies {

@@ -104,8 +104,11 @@ impl Eq for Given {}
 /// (`lease` or `advisory`), `busy_timeout` (SQLite: how long a statement waits for the
 /// file's write lock, default the operation timeout), `keep_idle` (how long the row of a
 /// name nobody uses any more is kept after its last hold ended, default an hour; see
-/// [`ConnectConfig::with_keep_idle`]). Durations read as `500ms`, `5s`, `2m`,
-/// `1h`. Unknown options are rejected.
+/// [`ConnectConfig::with_keep_idle`]), `pooler` (`transaction` behind PgBouncer's
+/// transaction mode: see [`SqlConfig::with_transaction_pooler`]), and the TLS options in
+/// each database's own names (PostgreSQL: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`;
+/// MySQL: `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`). Durations read as `500ms`, `5s`,
+/// `2m`, `1h`. Unknown options are rejected.
 ///
 /// ```
 /// use std::time::Duration;
@@ -137,6 +140,8 @@ pub struct SqlConfig {
     pub(crate) credentials: Option<(String, String)>,
     /// TLS options of the URL, in the database's own names, handed on to the driver.
     pub(crate) tls: Vec<(String, String)>,
+    /// The server is reached through a transaction pooler (PgBouncer's transaction mode).
+    pub(crate) transaction_pooler: bool,
 }
 
 impl std::fmt::Debug for SqlConfig {
@@ -156,6 +161,7 @@ impl std::fmt::Debug for SqlConfig {
             .field("busy_timeout", &self.busy_timeout)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
             .field("tls", &self.tls)
+            .field("transaction_pooler", &self.transaction_pooler)
             .finish()
     }
 }
@@ -204,6 +210,13 @@ impl SqlConfig {
                     }
                 }
                 "busy_timeout" => config.busy_timeout = Some(parse_duration(&value)?),
+                "pooler" => {
+                    config.transaction_pooler = match value.as_str() {
+                        "transaction" => true,
+                        "session" | "none" => false,
+                        _ => return Err(bad_option(&key, &value)),
+                    }
+                }
                 _ if tls::is_option(dialect, &key) => {
                     tls::check(dialect, &key, &value)?;
                     config.tls.push((key, value));
@@ -213,6 +226,9 @@ impl SqlConfig {
         }
         if config.kind == LockKind::Advisory && dialect == Dialect::Sqlite {
             return Err(LockError::InvalidInput("SQLite has no advisory locks; use lock=lease".into()));
+        }
+        if config.transaction_pooler && dialect != Dialect::Postgres {
+            return Err(LockError::InvalidInput("pooler=transaction is for PostgreSQL behind PgBouncer".into()));
         }
         Ok(config)
     }
@@ -283,6 +299,7 @@ impl SqlConfig {
             busy_timeout: None,
             credentials: None,
             tls: Vec::new(),
+            transaction_pooler: false,
         }
     }
 
@@ -318,6 +335,25 @@ impl SqlConfig {
     pub fn with_create_table(mut self, create: bool) -> Self {
         self.create_table = create;
         self
+    }
+
+    /// Says that the database is reached through a transaction pooler (PgBouncer with
+    /// `pool_mode = transaction`, or a proxy that works the same way; URL option
+    /// `pooler=transaction`), where each transaction may run on another server session,
+    /// so nothing of a session may be relied on. The lease table then sends its
+    /// statements unprepared (the pooler would mix up prepared statements between
+    /// clients), and its waiters poll (a `LISTEN` through the pooler would listen on a
+    /// session that is soon someone else's). Advisory locks, which are held by a session,
+    /// refuse to connect. PostgreSQL only; behind a pooler in session mode, leave it off.
+    /// See `docs/poolers.md`.
+    pub fn with_transaction_pooler(mut self, pooler: bool) -> Self {
+        self.transaction_pooler = pooler;
+        self
+    }
+
+    /// See [`with_transaction_pooler`](Self::with_transaction_pooler).
+    pub fn transaction_pooler(&self) -> bool {
+        self.transaction_pooler
     }
 
     /// The kind of lock [`crate::connect_any`] makes.

@@ -27,6 +27,12 @@ pub(crate) type Warm = Arc<[Arc<str>]>;
 pub(crate) enum Pool {
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgPool),
+    /// PostgreSQL behind a transaction pooler: every statement unprepared and in a
+    /// transaction of its own, since only within a transaction does the pooler keep the
+    /// client on one server session (sqlx parses and executes a statement in two round
+    /// trips).
+    #[cfg(feature = "postgres")]
+    PostgresPooled(sqlx::PgPool),
     #[cfg(feature = "mysql")]
     MySql(sqlx::MySqlPool),
     #[cfg(feature = "sqlite")]
@@ -253,8 +259,12 @@ where
 /// Runs one statement on an executor (a pool, or a transaction's connection) and reads its
 /// answer; `$last_id` reads MySQL's `LAST_INSERT_ID` from the statement's result.
 macro_rules! run_on {
-    ($db:ty, $executor:expr, $stmt:expr, $args:expr, $last_id:expr) => {{
-        let q = bind_all!(sqlx::query::<$db>(AssertSqlSafe($stmt.sql.clone())), $stmt, $args);
+    ($db:ty, $executor:expr, $stmt:expr, $args:expr, $last_id:expr) => {
+        run_on!($db, $executor, $stmt, $args, $last_id, true)
+    };
+    ($db:ty, $executor:expr, $stmt:expr, $args:expr, $last_id:expr, $persistent:expr) => {{
+        let q = sqlx::query::<$db>(AssertSqlSafe($stmt.sql.clone())).persistent($persistent);
+        let q = bind_all!(q, $stmt, $args);
         match $stmt.reply {
             Reply::Rows => {
                 Ok(Answer { rows: q.fetch_all($executor).await?.iter().map(decode).collect(), ..Default::default() })
@@ -273,6 +283,8 @@ macro_rules! run_on {
 #[derive(Debug)]
 pub(crate) struct Tx {
     conn: TxConn,
+    /// Whether statements are prepared under a name (not behind a transaction pooler).
+    persistent: bool,
     /// Whether a statement failed because the database rolled the transaction back, so
     /// that [`Pool::transact`] runs it again rather than failing.
     rolled_back: bool,
@@ -294,7 +306,7 @@ impl Tx {
         let outcome: Result<Answer, sqlx::Error> = async {
             match &mut self.conn {
                 #[cfg(feature = "postgres")]
-                TxConn::Postgres(tx) => run_on!(sqlx::Postgres, &mut **tx, stmt, args, |_| 0),
+                TxConn::Postgres(tx) => run_on!(sqlx::Postgres, &mut **tx, stmt, args, |_| 0, self.persistent),
                 #[cfg(feature = "mysql")]
                 TxConn::MySql(tx) => {
                     run_on!(sqlx::MySql, &mut **tx, stmt, args, |done: &sqlx::mysql::MySqlQueryResult| {
@@ -356,7 +368,7 @@ impl Pool {
     pub(crate) fn describe(&self) -> String {
         match self {
             #[cfg(feature = "postgres")]
-            Pool::Postgres(p) => {
+            Pool::Postgres(p) | Pool::PostgresPooled(p) => {
                 let o = p.connect_options();
                 format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
             }
@@ -387,10 +399,12 @@ impl Pool {
                     // A connection of its own rather than one of the pool: the pool tries
                     // again on a refused connection until its timeout and keeps no cause.
                     #[cfg(feature = "postgres")]
-                    Pool::Postgres(p) => match sqlx::ConnectOptions::connect(&*p.connect_options()).await {
-                        Ok(conn) => sqlx::Connection::close(conn).await,
-                        Err(err) => Err(err),
-                    },
+                    Pool::Postgres(p) | Pool::PostgresPooled(p) => {
+                        match sqlx::ConnectOptions::connect(&*p.connect_options()).await {
+                            Ok(conn) => sqlx::Connection::close(conn).await,
+                            Err(err) => Err(err),
+                        }
+                    }
                     #[cfg(feature = "mysql")]
                     Pool::MySql(p) => match sqlx::ConnectOptions::connect(&*p.connect_options()).await {
                         Ok(conn) => sqlx::Connection::close(conn).await,
@@ -446,7 +460,7 @@ impl Pool {
         let opened = async {
             match pool {
                 #[cfg(feature = "postgres")]
-                Pool::Postgres(p) => p.acquire().await.map(drop),
+                Pool::Postgres(p) | Pool::PostgresPooled(p) => p.acquire().await.map(drop),
                 #[cfg(feature = "mysql")]
                 Pool::MySql(p) => p.acquire().await.map(drop),
                 #[cfg(feature = "sqlite")]
@@ -454,7 +468,7 @@ impl Pool {
             }
         };
         match tokio::time::timeout(config.common.connect_timeout, opened).await {
-            Ok(Ok(())) => Ok(pool.clone()),
+            Ok(Ok(())) => Ok(pool.clone().pooled(config.transaction_pooler)),
             Ok(Err(err)) => Err(lock_error(err)),
             Err(_) => Err(LockError::unavailable(format!(
                 "the application's pool gave no connection within the connect timeout of {:?}",
@@ -468,7 +482,7 @@ impl Pool {
     pub(crate) fn connect_lazy(config: &SqlConfig, size: u32, warm: &Warm) -> Result<Pool, LockError> {
         config.check_prefix()?;
         if let Target::Given(given) = &config.target {
-            return Ok(given.pool.clone());
+            return Ok(given.pool.clone().pooled(config.transaction_pooler));
         }
         crate::tls::check_files(config.dialect, &config.tls)?;
         let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad {} URL: {e}", config.dialect.name()));
@@ -515,6 +529,12 @@ impl Pool {
                 opts = crate::tls::postgres(opts, &config.tls);
                 if let Some((user, password)) = &config.credentials {
                     opts = opts.username(user).password(password);
+                }
+                if config.transaction_pooler {
+                    // Named statements live in a server session, which a transaction
+                    // pooler hands to another client after each transaction.
+                    let opts = opts.statement_cache_capacity(0);
+                    return Ok(Pool::PostgresPooled(options(config, size).connect_lazy_with(opts)));
                 }
                 Pool::Postgres(prepared(options(config, size), warm).connect_lazy_with(opts))
             }
@@ -575,6 +595,14 @@ impl Pool {
         match self {
             #[cfg(feature = "postgres")]
             Pool::Postgres(pool) => run_on!(sqlx::Postgres, pool, stmt, args, |_| 0),
+            #[cfg(feature = "postgres")]
+            Pool::PostgresPooled(pool) => {
+                let mut tx = pool.begin().await?;
+                let answer: Result<Answer, sqlx::Error> = run_on!(sqlx::Postgres, &mut *tx, stmt, args, |_| 0, false);
+                let answer = answer?;
+                tx.commit().await?;
+                Ok(answer)
+            }
             #[cfg(feature = "mysql")]
             Pool::MySql(pool) => {
                 run_on!(sqlx::MySql, pool, stmt, args, |done: &sqlx::mysql::MySqlQueryResult| done.last_insert_id())
@@ -622,13 +650,31 @@ impl Pool {
     async fn begin(&self) -> Result<Tx, sqlx::Error> {
         let conn = match self {
             #[cfg(feature = "postgres")]
-            Pool::Postgres(pool) => TxConn::Postgres(pool.begin().await?),
+            Pool::Postgres(pool) | Pool::PostgresPooled(pool) => TxConn::Postgres(pool.begin().await?),
             #[cfg(feature = "mysql")]
             Pool::MySql(pool) => TxConn::MySql(pool.begin().await?),
             #[cfg(feature = "sqlite")]
             Pool::Sqlite(pool) => TxConn::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
         };
-        Ok(Tx { conn, rolled_back: false })
+        Ok(Tx { conn, persistent: !self.is_pooled(), rolled_back: false })
+    }
+
+    /// The same pool, used as behind a transaction pooler if `pooled`.
+    fn pooled(self, pooled: bool) -> Self {
+        match self {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(pool) if pooled => Pool::PostgresPooled(pool),
+            other => other,
+        }
+    }
+
+    /// Whether this is PostgreSQL behind a transaction pooler.
+    fn is_pooled(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if let Pool::PostgresPooled(_) = self {
+            return true;
+        }
+        false
     }
 
     /// Whether this is an SQLite pool.
@@ -662,6 +708,9 @@ impl Pool {
         match self {
             #[cfg(feature = "postgres")]
             Pool::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+            // The simple protocol: one round trip, nothing prepared.
+            #[cfg(feature = "postgres")]
+            Pool::PostgresPooled(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
             #[cfg(feature = "mysql")]
             Pool::MySql(pool) => sqlx::query(sql).execute(pool).await.map(drop),
             #[cfg(feature = "sqlite")]
@@ -673,7 +722,7 @@ impl Pool {
     pub(crate) async fn close(&self) {
         match self {
             #[cfg(feature = "postgres")]
-            Pool::Postgres(pool) => pool.close().await,
+            Pool::Postgres(pool) | Pool::PostgresPooled(pool) => pool.close().await,
             #[cfg(feature = "mysql")]
             Pool::MySql(pool) => pool.close().await,
             #[cfg(feature = "sqlite")]

@@ -165,7 +165,8 @@ impl SqlBackend {
         let dialect = config.dialect;
         let target = config.describe(&config.table());
         #[cfg(feature = "postgres")]
-        let waker = sql.channel.clone().map(Waker::new);
+        // Behind a transaction pooler a LISTEN would hold on to nobody's session: poll.
+        let waker = sql.channel.clone().filter(|_| !config.transaction_pooler).map(Waker::new);
         Ok(SqlBackend {
             shared: Arc::new(Shared {
                 conn: Conn::new(config, pool, warm),
@@ -183,6 +184,15 @@ impl SqlBackend {
     /// The database kind.
     pub fn dialect(&self) -> Dialect {
         self.shared.dialect
+    }
+
+    /// Whether a release wakes this client's waiters (PostgreSQL's `LISTEN`), rather
+    /// than their polls finding the lock free.
+    fn wakes_waiters(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return self.shared.waker.is_some();
+        #[cfg(not(feature = "postgres"))]
+        return false;
     }
 
     /// The configuration the backend was built from.
@@ -460,7 +470,7 @@ impl Backend for SqlBackend {
         Capabilities {
             reentrant: true,
             fifo: false,
-            notify: self.shared.sql.channel.is_some(),
+            notify: self.wakes_waiters(),
             ttl: true,
             fixed: true,
             extend: true,

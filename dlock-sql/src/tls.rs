@@ -68,7 +68,7 @@ pub(crate) fn is_off(options: &[(String, String)]) -> bool {
 pub(crate) fn pool_verifies_host(pool: &crate::db::Pool) -> bool {
     match pool {
         #[cfg(feature = "postgres")]
-        crate::db::Pool::Postgres(p) => {
+        crate::db::Pool::Postgres(p) | crate::db::Pool::PostgresPooled(p) => {
             matches!(p.connect_options().get_ssl_mode(), sqlx::postgres::PgSslMode::VerifyFull)
         }
         #[cfg(feature = "mysql")]

@@ -7,6 +7,7 @@
 pub mod etcd;
 pub mod mariadb;
 pub mod peer_gate;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod redis;
 pub mod tls;

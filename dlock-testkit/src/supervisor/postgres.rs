@@ -31,7 +31,7 @@ impl Kind for Postgres {}
 pub type PostgresServer = Server<Postgres>;
 
 /// The user to run PostgreSQL as: `postgres` when we are root, nobody else otherwise.
-fn run_as() -> Option<(u32, u32)> {
+pub(crate) fn run_as() -> Option<(u32, u32)> {
     if current_uid() != 0 {
         return None;
     }
@@ -61,7 +61,7 @@ fn program(name: &str) -> io::Result<PathBuf> {
         .map_or_else(|| super::program(name, &[]), Ok)
 }
 
-fn chown_tree(path: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
+pub(crate) fn chown_tree(path: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
     let Some((uid, gid)) = owner else { return Ok(()) };
     let status = Command::new("chown").arg("-R").arg(format!("{uid}:{gid}")).arg(path).status()?;
     if status.success() {
