@@ -90,6 +90,8 @@ mod stored;
 mod sweep;
 #[cfg(test)]
 mod testing;
+#[cfg(feature = "tls")]
+pub mod tls;
 mod token;
 mod url;
 pub mod wire;

@@ -224,8 +224,7 @@ pub(crate) fn connect_lazily(config: &RedisConfig) -> Result<Connected, LockErro
 /// Installs the TLS crypto provider when TLS is used, and reads the CA file if one is set.
 fn prepare_tls(config: &RedisConfig) -> Result<Option<Vec<u8>>, LockError> {
     if config.tls() {
-        // rustls needs a process-wide crypto provider; an error means one is installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        dlock_core::tls::install_crypto_provider();
     }
     match config.tls_ca() {
         Some(path) => Ok(Some(std::fs::read(path).map_err(|err| {

@@ -362,6 +362,16 @@ impl RollbackRetry {
     }
 }
 
+/// A server connection may use TLS (PostgreSQL's default mode prefers it), the
+/// application's pool's too: the crypto provider is chosen before any handshake.
+fn tls_ready(config: &SqlConfig) {
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    if config.dialect != Dialect::Sqlite {
+        dlock_core::tls::install_crypto_provider();
+    }
+    let _ = config;
+}
+
 impl Pool {
     /// Where the pool's connections go, without credentials: `postgres://host:port/db`,
     /// `sqlite:///path/file.db`.
@@ -386,6 +396,7 @@ impl Pool {
     /// timeout (`Unavailable` otherwise).
     pub(crate) async fn connect(config: &SqlConfig, warm: &Warm) -> Result<Pool, LockError> {
         if let Target::Given(given) = &config.target {
+            tls_ready(config);
             return Self::check_given(config, &given.pool).await;
         }
         let pool = Self::connect_lazy(config, config.pool_size, warm)?;
@@ -481,6 +492,7 @@ impl Pool {
     /// statements (on the servers) as it opens; the application's own pool, if it gave one.
     pub(crate) fn connect_lazy(config: &SqlConfig, size: u32, warm: &Warm) -> Result<Pool, LockError> {
         config.check_prefix()?;
+        tls_ready(config);
         if let Target::Given(given) = &config.target {
             return Ok(given.pool.clone().pooled(config.transaction_pooler));
         }
