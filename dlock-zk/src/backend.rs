@@ -823,5 +823,6 @@ impl Backend for ZkBackend {
 /// Where a client of `config` keeps its locks (see [`Backend::target`]): the servers and
 /// the root znode.
 pub(crate) fn target(config: &ZkConfig) -> String {
-    format!("zk://{}{}", config.connect_string(), config.root())
+    let scheme = if config.is_tls() { "zks" } else { "zk" };
+    format!("{scheme}://{}{}", config.connect_string(), config.root())
 }

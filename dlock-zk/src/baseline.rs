@@ -10,6 +10,7 @@ use crate::backend::token_of;
 use crate::config::ZkConfig;
 use crate::error::{lock_error, timed_out};
 use crate::results;
+use crate::session::Tls;
 use crate::settings::Settings;
 use crate::znode;
 
@@ -38,8 +39,19 @@ impl ZkBaseline {
         if let Some(auth) = settings.config.digest_auth() {
             connector = connector.with_auth("digest", &auth);
         }
+        let tls = Tls::load(&settings.config)?;
+        if let Some(tls) = &tls {
+            connector = connector.with_tls(tls.options());
+        }
+        let connect_string = settings.config.connect_string();
+        let attempt = async {
+            match tls {
+                Some(_) => connector.secure_connect(&connect_string).await,
+                None => connector.connect(&connect_string).await,
+            }
+        };
         let timeout = settings.config.connect_timeout();
-        let client = match tokio::time::timeout(timeout, connector.connect(&settings.config.connect_string())).await {
+        let client = match tokio::time::timeout(timeout, attempt).await {
             Ok(client) => client.map_err(|e| lock_error("connect", e))?,
             Err(_) => return Err(timed_out("connect", timeout)),
         };

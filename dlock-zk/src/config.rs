@@ -1,7 +1,8 @@
-//! How to reach ZooKeeper: the ensemble's addresses, digest credentials, the znode root
-//! and the timeouts, read from a `zk://` URL or set with builder methods.
+//! How to reach ZooKeeper: the ensemble's addresses, digest credentials, TLS, the znode
+//! root and the timeouts, read from a `zk://` or `zks://` URL or set with builder methods.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 use dlock_core::{BackendUrl, ConnectConfig, ConnectOptions, HostPort, LockError, LockName};
 
@@ -11,8 +12,14 @@ pub const DEFAULT_PORT: u16 = 2181;
 /// The znode under which locks live when neither the URL path nor `prefix` names one.
 pub const DEFAULT_ROOT: &str = "/dlock";
 
-/// The URL scheme this crate accepts.
+/// The URL scheme of plaintext connections.
 pub const SCHEME: &str = "zk";
+
+/// The URL scheme of TLS connections (to the servers' `secureClientPort`).
+pub(crate) const TLS_SCHEME: &str = "zks";
+
+/// The options only a `zks://` URL takes.
+const TLS_OPTIONS: [&str; 3] = ["ca", "cert", "key"];
 
 /// One `host:port` of the ensemble.
 pub type Host = HostPort;
@@ -25,6 +32,13 @@ pub type Host = HostPort;
 /// or delete them, and anyone read them), the znode root under which the locks live
 /// (default `/dlock`; the `prefix` option says the same as the path, `prefix=shop/locks`
 /// meaning `/shop/locks`), and the options `connect_timeout` and `op_timeout`.
+///
+/// `zks://` instead of `zk://` speaks TLS to every member (ZooKeeper serves it on a
+/// separate port, its `secureClientPort`), as etcd's `etcds://` does, with the same
+/// options: `ca` (a PEM file of the CA that signed the servers' certificates; the system's
+/// roots otherwise), and `cert` and `key` (PEM files of a client certificate and its key,
+/// for servers that require one). The files are read when the client connects. A server's
+/// certificate must name the host the URL names.
 ///
 /// ```
 /// use std::time::Duration;
@@ -42,6 +56,10 @@ pub type Host = HostPort;
 ///     .with_credentials("app", "s3cret")
 ///     .with_op_timeout(Duration::from_secs(1));
 /// assert_eq!(local.root(), "/jobs");
+///
+/// let secure = ZkConfig::from_url("zks://zk1:2281,zk2:2281/locks?ca=/etc/zk/ca.pem")?;
+/// assert!(secure.is_tls());
+/// assert_eq!(secure.ca_file(), Some(std::path::Path::new("/etc/zk/ca.pem")));
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
 ///
@@ -51,6 +69,9 @@ pub type Host = HostPort;
 pub struct ZkConfig {
     hosts: Vec<Host>,
     digest: Option<(String, String)>,
+    tls: bool,
+    ca: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
     common: ConnectOptions,
 }
 
@@ -71,6 +92,9 @@ impl fmt::Debug for ZkConfig {
             .field("root", &self.root())
             .field("user", &self.user())
             .field("password", &self.digest.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .field("ca", &self.ca)
+            .field("identity", &self.identity)
             .field("connect_timeout", &self.connect_timeout())
             .field("op_timeout", &self.op_timeout())
             .finish()
@@ -81,19 +105,57 @@ impl ZkConfig {
     /// A configuration for the ensemble in `hosts` (`host[:port]`, comma-separated), with
     /// the default root and timeouts.
     pub fn new(hosts: &str) -> Result<Self, LockError> {
-        Ok(ZkConfig { hosts: parse_hosts(hosts)?, digest: None, common: ConnectOptions::default() })
+        Ok(ZkConfig {
+            hosts: parse_hosts(hosts)?,
+            digest: None,
+            tls: false,
+            ca: None,
+            identity: None,
+            common: ConnectOptions::default(),
+        })
     }
 
-    /// Parses a `zk://` URL (see the type's documentation). Fails with `InvalidInput` on
-    /// a malformed URL or an unknown option.
+    /// Parses a `zk://` or `zks://` URL (see the type's documentation). Fails with
+    /// `InvalidInput` on a malformed URL or an unknown option.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         let url = BackendUrl::parse(url, DEFAULT_PORT)?;
-        if url.scheme != SCHEME {
-            return Err(url.invalid("the scheme is not zk"));
+        let tls = match url.scheme.as_str() {
+            SCHEME => false,
+            TLS_SCHEME => true,
+            _ => return Err(url.invalid("the scheme is not zk or zks")),
+        };
+        let (mut ca, mut cert, mut key) = (None, None, None);
+        for (name, value) in &url.extra {
+            if name == "tls" || name == "ssl" {
+                // Other clients' URLs turn TLS on with an option; say what this one wants.
+                return Err(url.invalid(format!(
+                    "TLS for ZooKeeper needs the zks:// scheme (zks://host:port/root?ca=<pem file>), \
+                     not a {name} option"
+                )));
+            }
+            if !TLS_OPTIONS.contains(&name.as_str()) {
+                return Err(url.invalid(format!(
+                    "unknown option {name:?} (known: connect_timeout, op_timeout, prefix; with zks://: ca, cert, key)"
+                )));
+            }
+            if !tls {
+                return Err(url.invalid(format!("option {name} needs TLS: use the zks:// scheme")));
+            }
+            if value.is_empty() {
+                return Err(url.invalid(format!("option {name} names no file")));
+            }
+            let file = Some(PathBuf::from(value));
+            match name.as_str() {
+                "ca" => ca = file,
+                "cert" => cert = file,
+                _ => key = file,
+            }
         }
-        if let Some((key, _)) = url.extra.first() {
-            return Err(url.invalid(format!("unknown option {key:?} (known: connect_timeout, op_timeout, prefix)")));
-        }
+        let identity = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(url.invalid("options cert and key go together")),
+        };
         let path = url.path.trim_end_matches('/');
         let root = match (path.is_empty(), url.prefix_given) {
             (false, true) => return Err(url.invalid("both a path and the prefix option name the root")),
@@ -102,7 +164,8 @@ impl ZkConfig {
             (true, false) => DEFAULT_ROOT.to_string(),
         };
         let mut config =
-            ZkConfig { hosts: url.hosts.clone(), digest: None, common: url.options.clone() }.with_root(&root)?;
+            ZkConfig { hosts: url.hosts.clone(), digest: None, tls, ca, identity, common: url.options.clone() }
+                .with_root(&root)?;
         match (&url.user, &url.password) {
             (None, None) => {}
             (Some(user), Some(password)) => config = config.with_credentials(user.as_str(), password.as_str()),
@@ -135,10 +198,83 @@ impl ZkConfig {
         self
     }
 
+    /// Speaks TLS to every member (on the port the servers serve TLS on, their
+    /// `secureClientPort`), trusting the system's roots unless
+    /// [`with_ca_file`](Self::with_ca_file) names a CA.
+    ///
+    /// ```
+    /// use dlock_zk::ZkConfig;
+    ///
+    /// let config = ZkConfig::new("zk1:2281")?.with_tls(true);
+    /// assert!(config.is_tls() && config.ca_file().is_none());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Trusts the CA in this PEM file instead of the system's roots (and turns TLS on):
+    /// servers' certificates are usually signed by a private CA. The file is read when the
+    /// client connects.
+    ///
+    /// ```
+    /// use dlock_zk::ZkConfig;
+    ///
+    /// let config = ZkConfig::new("zk1:2281")?.with_ca_file("/etc/zk/ca.pem");
+    /// assert!(config.is_tls());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn with_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca = Some(path.into());
+        self.tls = true;
+        self
+    }
+
+    /// Presents this client certificate and its key, PEM files (and turns TLS on), to
+    /// servers that require one (`ssl.clientAuth=need`). The files are read when the client
+    /// connects.
+    ///
+    /// ```
+    /// use dlock_zk::ZkConfig;
+    ///
+    /// let config = ZkConfig::new("zk1:2281")?
+    ///     .with_ca_file("/etc/zk/ca.pem")
+    ///     .with_client_identity("/etc/zk/client.pem", "/etc/zk/client-key.pem");
+    /// assert!(config.client_identity().is_some());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn with_client_identity(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.identity = Some((cert.into(), key.into()));
+        self.tls = true;
+        self
+    }
+
+    /// Whether the client speaks TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The CA file to trust, if set.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.ca.as_deref()
+    }
+
+    /// The client certificate and key files, if set.
+    pub fn client_identity(&self) -> Option<(&Path, &Path)> {
+        self.identity.as_ref().map(|(cert, key)| (cert.as_path(), key.as_path()))
+    }
+
     /// Checks what the builder methods could not: the root (also when set with
-    /// [`with_prefix`](ConnectConfig::with_prefix)) and the credentials.
+    /// [`with_prefix`](ConnectConfig::with_prefix)), the credentials, and that TLS files
+    /// are not named for a plaintext client.
     pub(crate) fn validate(&self) -> Result<(), LockError> {
         validate_root(&self.root())?;
+        if !self.tls && (self.ca.is_some() || self.identity.is_some()) {
+            return Err(LockError::InvalidInput(
+                "a CA file or client certificate is set but TLS is off (with_tls(false))".into(),
+            ));
+        }
         if let Some((user, password)) = &self.digest {
             if user.is_empty() || user.contains(':') || user.contains('\0') || password.contains('\0') {
                 return Err(LockError::InvalidInput("a digest user must be non-empty, without ':' or NUL".into()));
@@ -283,6 +419,42 @@ mod tests {
         ] {
             assert!(matches!(ZkConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");
         }
+    }
+
+    #[test]
+    fn parses_tls_urls() {
+        let c =
+            ZkConfig::from_url("zks://u:p@zk1:2281,zk2/locks?ca=%2Fetc%2Fzk%2Fca.pem&cert=c.pem&key=k.pem").unwrap();
+        assert!(c.is_tls());
+        assert_eq!(c.connect_string(), "zk1:2281,zk2:2181");
+        assert_eq!(c.root(), "/locks");
+        assert_eq!(c.ca_file(), Some(Path::new("/etc/zk/ca.pem")));
+        assert_eq!(c.client_identity(), Some((Path::new("c.pem"), Path::new("k.pem"))));
+        let plain = ZkConfig::from_url("zks://h").unwrap();
+        assert!(plain.is_tls() && plain.ca_file().is_none() && plain.client_identity().is_none());
+        assert!(!ZkConfig::from_url("zk://h").unwrap().is_tls());
+    }
+
+    #[test]
+    fn rejects_bad_tls_urls() {
+        for (url, says) in [
+            ("zk://h?tls=true", "TLS for ZooKeeper needs the zks:// scheme"),
+            ("zks://h?tls=true", "TLS for ZooKeeper needs the zks:// scheme"),
+            ("zk://h?ssl=1", "TLS for ZooKeeper needs the zks:// scheme"),
+            ("zk://h?ca=ca.pem", "needs TLS: use the zks:// scheme"),
+            ("zks://h?cert=c.pem", "cert and key go together"),
+            ("zks://h?key=k.pem", "cert and key go together"),
+            ("zks://h?ca=", "names no file"),
+            ("zks://h?domain=x", "unknown option"),
+            ("zkss://h", "not zk or zks"),
+        ] {
+            match ZkConfig::from_url(url) {
+                Err(LockError::InvalidInput(message)) => assert!(message.contains(says), "{url}: {message}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let off = ZkConfig::new("h").unwrap().with_ca_file("ca.pem").with_tls(false);
+        assert!(matches!(off.validate(), Err(LockError::InvalidInput(_))));
     }
 
     #[test]

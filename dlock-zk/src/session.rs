@@ -41,6 +41,11 @@ use crate::node::Node;
 use crate::settings::Settings;
 use crate::znode::{self, Unwanted};
 
+mod tls;
+
+pub(crate) use self::tls::Tls;
+use self::tls::Verdict;
+
 /// Node checks per multi-read request, so that a request stays far below the server's
 /// packet limit (`jute.maxbuffer`, 1 MiB by default).
 const READ_CHUNK: usize = 256;
@@ -99,7 +104,8 @@ impl Drop for Session {
 
 impl Session {
     /// Opens a session whose requested timeout is `ttl` (rounded up to whole
-    /// milliseconds; the server may clamp it) and starts its monitor.
+    /// milliseconds; the server may clamp it) and starts its monitor. A TLS configuration's
+    /// files are read now.
     pub(crate) async fn open(settings: Arc<Settings>, ttl: Duration) -> Result<Arc<Session>, LockError> {
         let requested = session_timeout_for(ttl);
         // The library drops a connection that stays silent for its connection timeout (a
@@ -112,22 +118,56 @@ impl Session {
         if let Some(auth) = settings.config.digest_auth() {
             connector = connector.with_auth("digest", &auth);
         }
+        let tls = Tls::load(&settings.config)?;
+        if let Some(tls) = &tls {
+            connector = connector.with_tls(tls.options());
+        }
         let connect_timeout = settings.config.connect_timeout();
         let connect_string = settings.config.connect_string();
         let deadline = Instant::now() + connect_timeout;
+        // Until a probe got an answer from a member that showed no refusal.
+        let mut diagnosed = false;
+        // What that answer suggests, for the error if no session opens.
+        let mut hint: Option<String> = None;
+        let with_hint = |mut err: LockError, hint: &Option<String>| {
+            if let (LockError::Unavailable { what, .. }, Some(hint)) = (&mut err, hint) {
+                what.push_str("; ");
+                what.push_str(hint);
+            }
+            err
+        };
         let (client, origin) = loop {
             let origin = Instant::now();
-            match tokio::time::timeout_at(deadline.into(), connector.clone().connect(&connect_string)).await {
+            let connect = connector.clone();
+            let attempt = async {
+                match tls {
+                    Some(_) => connect.secure_connect(&connect_string).await,
+                    None => connect.connect(&connect_string).await,
+                }
+            };
+            match tokio::time::timeout_at(deadline.into(), attempt).await {
                 Ok(Ok(client)) => break (client, origin),
                 // No member answered in time (the client gives each a fraction of the
                 // session timeout, little for a short ttl on a loaded server): try again
-                // while the connect timeout allows.
-                Ok(Err(err)) if is_transient(&err) && Instant::now() + CONNECT_RETRY < deadline => {
+                // while the connect timeout allows. Unless a handshake shows that the
+                // members refuse this client (or it them) for how it connects: the library
+                // reports that as a lost connection too, and retrying cannot help.
+                Ok(Err(err)) if is_transient(&err) => {
+                    if !diagnosed {
+                        match tls::diagnose(&settings.config, tls.as_ref(), deadline).await {
+                            Verdict::Refused(refused) => return Err(refused),
+                            Verdict::Answered(guess) => (diagnosed, hint) = (true, guess),
+                            Verdict::Unreached => {}
+                        }
+                    }
+                    if Instant::now() + CONNECT_RETRY >= deadline {
+                        return Err(with_hint(lock_error("connect", err), &hint));
+                    }
                     tracing::debug!(%err, "no ZooKeeper session yet; trying again");
                     tokio::time::sleep(CONNECT_RETRY).await;
                 }
                 Ok(Err(err)) => return Err(lock_error("connect", err)),
-                Err(_) => return Err(timed_out("connect", connect_timeout)),
+                Err(_) => return Err(with_hint(timed_out("connect", connect_timeout), &hint)),
             }
         };
         let negotiated = client.session_timeout();

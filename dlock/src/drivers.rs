@@ -147,7 +147,7 @@ pub static DRIVERS: &[Driver] = &[
         feature: Some("redlock"),
         built: built!("redlock", redlock, redlock_baseline),
     },
-    Driver { name: "zookeeper", schemes: &["zk"], feature: Some("zk"), built: built!("zk", zk, zk_baseline) },
+    Driver { name: "zookeeper", schemes: &["zk", "zks"], feature: Some("zk"), built: built!("zk", zk, zk_baseline) },
     Driver {
         name: "etcd",
         schemes: &["etcd", "etcds"],

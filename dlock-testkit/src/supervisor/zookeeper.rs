@@ -7,6 +7,10 @@
 //! a large `maxSessionTimeout` (120 s) so that long leases are honoured too, the admin
 //! server disabled, and the four-letter words whitelisted ([`four_letter_word`] sends them:
 //! `srvr` to wait for readiness, `mntr` to count watch notifications).
+//!
+//! A standalone server can also serve TLS on a `secureClientPort` ([`ZooKeeperTls`]). It
+//! keeps its plaintext client port then: the four-letter words, and so the readiness
+//! check, are only answered there.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -26,6 +30,61 @@ const SERVER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// A logging binding for the server's slf4j calls; without it the server logs nothing.
 const LOG_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 
+/// A Netty jar the Debian server jar's manifest does not list but its TLS port needs: the
+/// server starts without it, then fails every TLS connection with a `NoClassDefFoundError`
+/// (`io/netty/handler/codec/ByteToMessageDecoder`, which Netty's `SslHandler` extends).
+const NETTY_CODEC_JAR: &str = "/usr/share/java/netty-codec.jar";
+
+/// TLS on a standalone server's `secureClientPort`, served by Netty (the NIO connection
+/// factory that ZooKeeper uses otherwise has no TLS), beside the plaintext client port.
+///
+/// The server reads PEM files directly (`ssl.keyStore.type=PEM`), so the test PKI's
+/// files need no conversion to a Java key store: the key and the certificate are copied
+/// into one file, as the server wants them.
+#[derive(Debug, Clone)]
+pub struct ZooKeeperTls {
+    /// The server certificate (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM, PKCS#8).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA (PEM)
+    /// (`ssl.clientAuth=need`); otherwise the server asks for none (`ssl.clientAuth=none`).
+    /// The server does not match a client certificate's names against the client's address
+    /// (`ssl.hostnameVerification=false`): test client certificates name no host.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ZooKeeperTls {
+    /// Writes the key store (key, then certificate) into `dir`, and returns the `zoo.cfg`
+    /// lines for a secure client port `port`.
+    fn config_lines(&self, dir: &Path, port: u16) -> io::Result<Vec<String>> {
+        let key_store = dir.join("server-keystore.pem");
+        let mut pem = std::fs::read_to_string(&self.key)?;
+        if !pem.ends_with('\n') {
+            pem.push('\n');
+        }
+        pem.push_str(&std::fs::read_to_string(&self.cert)?);
+        std::fs::write(&key_store, pem)?;
+        let mut lines = vec![
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory".to_string(),
+            format!("secureClientPort={port}"),
+            "secureClientPortAddress=127.0.0.1".to_string(),
+            format!("ssl.keyStore.location={}", key_store.display()),
+            "ssl.keyStore.type=PEM".to_string(),
+            "ssl.hostnameVerification=false".to_string(),
+        ];
+        match &self.client_ca {
+            Some(ca) => lines.extend([
+                "ssl.clientAuth=need".to_string(),
+                format!("ssl.trustStore.location={}", ca.display()),
+                "ssl.trustStore.type=PEM".to_string(),
+            ]),
+            None => lines.push("ssl.clientAuth=none".to_string()),
+        }
+        Ok(lines)
+    }
+}
+
 /// How to run a ZooKeeper server or ensemble member.
 #[derive(Debug, Clone)]
 pub struct ZooKeeperConfig {
@@ -41,6 +100,9 @@ pub struct ZooKeeperConfig {
     /// How many empty container nodes the server deletes per minute at most
     /// (`znode.container.maxPerMinute`; the server's default is 10,000).
     pub container_max_per_minute: u32,
+    /// TLS on a secure client port besides the plaintext one (standalone servers only;
+    /// an ensemble refuses it).
+    pub tls: Option<ZooKeeperTls>,
     /// More `key=value` lines for `zoo.cfg`.
     pub extra_config: Vec<String>,
 }
@@ -53,6 +115,7 @@ impl Default for ZooKeeperConfig {
             max_session_timeout: Duration::from_secs(120),
             container_check_interval: Duration::from_secs(60),
             container_max_per_minute: 10_000,
+            tls: None,
             extra_config: Vec::new(),
         }
     }
@@ -95,9 +158,11 @@ fn java_command() -> io::Result<CommandSpec> {
         ));
     }
     let mut classpath = SERVER_JAR.to_string();
-    if Path::new(LOG_JAR).is_file() {
-        classpath.push(':');
-        classpath.push_str(LOG_JAR);
+    for jar in [LOG_JAR, NETTY_CODEC_JAR] {
+        if Path::new(jar).is_file() {
+            classpath.push(':');
+            classpath.push_str(jar);
+        }
     }
     // A small, fast-starting JVM: the servers hold little data and live for one test.
     Ok(CommandSpec::new(java).args([
@@ -124,6 +189,7 @@ fn write_member_files(
     base: &Path,
     id: u32,
     client_port: u16,
+    secure_port: Option<u16>,
     config: &ZooKeeperConfig,
     quorum: &[String],
 ) -> io::Result<MemberFiles> {
@@ -151,6 +217,11 @@ fn write_member_files(
         // Elections on loopback are fast; do not wait long for a dead peer.
         cfg.push("cnxTimeout=1000".to_string());
     }
+    match (&config.tls, secure_port) {
+        (Some(tls), Some(port)) => cfg.extend(tls.config_lines(&dir, port)?),
+        (None, _) => {}
+        (Some(_), None) => return Err(io::Error::other("a TLS server needs a secure client port")),
+    }
     cfg.extend(config.extra_config.iter().cloned());
     let cfg_path = dir.join("zoo.cfg");
     std::fs::write(&cfg_path, cfg.join("\n") + "\n")?;
@@ -175,16 +246,24 @@ fn wait_serving(addr: SocketAddr, process: &mut ServerProcess, timeout: Duration
     process.wait_until("serving", timeout, Duration::from_millis(20), || Ok(serving_mode(addr).is_some()))
 }
 
-/// ZooKeeper as a [`Node`] kind: it serves once it answers `srvr` with a mode.
-#[derive(Debug)]
-pub struct ZooKeeper;
+/// ZooKeeper as a [`Node`] kind: it serves once it answers `srvr` with a mode (and accepts
+/// connections on its secure client port, when it has one).
+#[derive(Debug, Default)]
+pub struct ZooKeeper {
+    secure_port: Option<u16>,
+}
 
 impl Kind for ZooKeeper {
     // What a JVM may take to start serving on a loaded machine.
     const START_TIMEOUT: Duration = Duration::from_secs(60);
 
     fn ready(&self, addr: SocketAddr, process: &mut ServerProcess) -> io::Result<()> {
-        wait_serving(addr, process, Self::START_TIMEOUT)
+        wait_serving(addr, process, Self::START_TIMEOUT)?;
+        match self.secure_port {
+            // The server opens its secure port just after the plaintext one.
+            Some(port) => super::wait_for_port(loopback(port), process, Self::START_TIMEOUT),
+            None => Ok(()),
+        }
     }
 }
 
@@ -201,11 +280,18 @@ impl Server<ZooKeeper> {
     /// chosen one was taken meanwhile.
     pub fn start_with(config: &ZooKeeperConfig) -> io::Result<Self> {
         super::start_on_free_port(|port| {
+            let secure_port = config.tls.as_ref().map(|_| free_port()).transpose()?;
             let dir = tempfile::Builder::new().prefix("dlock-zk-").tempdir()?;
-            let files = write_member_files(dir.path(), 0, port, config, &[])?;
+            let files = write_member_files(dir.path(), 0, port, secure_port, config, &[])?;
             let process = spawn_member(format!("zookeeper:{port}"), &files, config)?;
-            Server::started(ZooKeeper, process, port, dir)
+            Server::started(ZooKeeper { secure_port }, process, port, dir)
         })
+    }
+
+    /// `127.0.0.1:<secure client port>`, where the server speaks TLS, if it was started
+    /// with [`ZooKeeperConfig::tls`].
+    pub fn secure_addr(&self) -> Option<SocketAddr> {
+        self.kind().secure_port.map(loopback)
     }
 
     /// `127.0.0.1:<port>`, a ZooKeeper connect string.
@@ -272,6 +358,7 @@ impl ZooKeeperEnsemble {
     /// Starts an ensemble of `size` members and waits until every member serves (one
     /// leader, the others followers). Retries on fresh ports when a port was taken.
     pub fn start(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
+        refuse_tls(config)?;
         retry(3, || {
             let ports = member_ports(size)?;
             let quorum = quorum_lines(&ports, |j| (ports[j].quorum, ports[j].election));
@@ -284,6 +371,7 @@ impl ZooKeeperEnsemble {
     /// [`isolate`](Self::isolate)), and waits until every member serves. Must run on a
     /// multi-threaded tokio runtime: the proxies run on it while the members start.
     pub async fn start_linked(size: usize, config: &ZooKeeperConfig) -> io::Result<Self> {
+        refuse_tls(config)?;
         retry_async(3, "a linked ensemble", || Self::try_start_linked(size, config)).await
     }
 
@@ -326,9 +414,9 @@ impl ZooKeeperEnsemble {
         let mut members = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let id = (i + 1) as u32;
-            let files = write_member_files(dir.path(), id, port.client, config, &quorum(i))?;
+            let files = write_member_files(dir.path(), id, port.client, None, config, &quorum(i))?;
             let process = spawn_member(format!("zookeeper-{id}:{}", port.client), &files, config)?;
-            members.push(Node::new(ZooKeeper, process, loopback(port.client)));
+            members.push(Node::new(ZooKeeper::default(), process, loopback(port.client)));
         }
         for member in &mut members {
             member.wait_ready()?;
@@ -413,6 +501,15 @@ impl ZooKeeperEnsemble {
     /// The `mntr` metrics of member `i`.
     pub fn monitor(&self, i: usize) -> io::Result<HashMap<String, String>> {
         monitor(self.members[i].addr())
+    }
+}
+
+/// Ensembles serve plaintext only: TLS between clients and members is tested on a
+/// standalone server, and members would need TLS between themselves too.
+fn refuse_tls(config: &ZooKeeperConfig) -> io::Result<()> {
+    match config.tls {
+        Some(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "TLS is for standalone ZooKeeper servers only")),
+        None => Ok(()),
     }
 }
 
