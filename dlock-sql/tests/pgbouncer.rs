@@ -89,7 +89,8 @@ async fn without_the_option_prepared_statements_collide() {
     // What the option is for: sqlx's named statements outlive the transaction that made
     // them on a server session the pooler then hands to another client.
     let bounced = Bounced::start().await;
-    let config = SqlConfig::from_url(&bounced.bouncer.url()).expect("url").with_connect_timeout(Duration::from_secs(10));
+    let config =
+        SqlConfig::from_url(&bounced.bouncer.url()).expect("url").with_connect_timeout(Duration::from_secs(10));
     let clients: Vec<_> = futures::future::join_all((0..4).map(|_| dlock_sql::connect(config.clone()))).await;
     let mut failed = clients.iter().any(Result::is_err);
     for locker in clients.into_iter().flatten() {
