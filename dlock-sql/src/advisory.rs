@@ -622,7 +622,6 @@ impl AdvisoryBackend {
     }
 }
 
-#[cfg(feature = "postgres")]
 /// Where a new session's connect options come from.
 #[derive(Clone, Copy)]
 enum Options<'a> {
@@ -630,6 +629,7 @@ enum Options<'a> {
     Pool(&'a Pool),
 }
 
+#[cfg(feature = "postgres")]
 fn relayed_pg(
     opts: sqlx::postgres::PgConnectOptions,
     relay: &std::net::SocketAddr,

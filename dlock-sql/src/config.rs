@@ -387,6 +387,7 @@ impl SqlConfig {
     }
 
     /// The table of the advisory client's fence counters and idle rows.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn advisory_table(&self) -> String {
         format!("{}_advisory", self.common.prefix)
     }

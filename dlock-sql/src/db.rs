@@ -284,6 +284,7 @@ macro_rules! run_on {
 pub(crate) struct Tx {
     conn: TxConn,
     /// Whether statements are prepared under a name (not behind a transaction pooler).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     persistent: bool,
     /// Whether a statement failed because the database rolled the transaction back, so
     /// that [`Pool::transact`] runs it again rather than failing.
@@ -673,6 +674,7 @@ impl Pool {
 
     /// The same pool, used as behind a transaction pooler if `pooled`.
     fn pooled(self, pooled: bool) -> Self {
+        let _ = pooled;
         match self {
             #[cfg(feature = "postgres")]
             Pool::Postgres(pool) if pooled => Pool::PostgresPooled(pool),

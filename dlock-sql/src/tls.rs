@@ -81,6 +81,7 @@ pub(crate) fn pool_verifies_host(pool: &crate::db::Pool) -> bool {
 }
 
 /// Whether the options ask for the server's host name to be checked.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn verifies_host(options: &[(String, String)]) -> bool {
     options.iter().any(|(key, mode)| {
         (key == "sslmode" && mode.eq_ignore_ascii_case("verify-full"))

@@ -127,6 +127,7 @@ pub(crate) struct LeaseSql {
     /// The indexes of the sweep: a probe that fails while one is missing, and its `CREATE`.
     pub(crate) indexes: Vec<(String, String)>,
     /// PostgreSQL: the LISTEN/NOTIFY channel released locks are announced on.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) channel: Option<String>,
 }
 
