@@ -27,6 +27,18 @@ pub struct Timing {
     pub idle: Duration,
 }
 
+impl Timing {
+    /// Short times for fixtures that only run [`core`](crate::properties::core) against a
+    /// server of their own: 2 s leases with 4 s of slack, 2 s per operation, idle names
+    /// kept for 1 s.
+    pub const SHORT: Timing = Timing {
+        ttl: Duration::from_secs(2),
+        margin: Duration::from_secs(4),
+        op_timeout: Duration::from_secs(2),
+        idle: Duration::from_secs(1),
+    };
+}
+
 /// A switch on one client's link to the backend: a TCP fault proxy, or an in-process
 /// switch for backends without a network.
 pub trait Link: Send + Sync {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use dlock_core::{BackendUrl, ConnectConfig, ConnectOptions, LockError};
+use dlock_core::{BackendUrl, ConnectConfig, ConnectOptions, Given, LockError};
 
 /// The port etcd clients use when a URL names none.
 const DEFAULT_PORT: u16 = 2379;
@@ -40,24 +40,9 @@ pub struct EtcdConfig {
     identity: Option<(PathBuf, PathBuf)>,
     domain: Option<String>,
     common: ConnectOptions,
-    given: Option<GivenClient>,
+    /// The application's own client, if it gave one.
+    given: Option<Given<etcd_client::Client>>,
 }
-
-/// The application's own `etcd_client::Client`. Two are the same only if they are the
-/// same one given.
-#[derive(Clone)]
-pub(crate) struct GivenClient {
-    pub(crate) client: etcd_client::Client,
-    id: u64,
-}
-
-impl PartialEq for GivenClient {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for GivenClient {}
 
 impl fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -228,15 +213,13 @@ impl EtcdConfig {
     /// # drop(locker); Ok(()) }
     /// ```
     pub fn with_client(mut self, client: etcd_client::Client) -> Self {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.given = Some(GivenClient { client, id });
+        self.given = Some(Given::new(client));
         self
     }
 
     /// The application's own client, if one was given.
     pub(crate) fn given_client(&self) -> Option<&etcd_client::Client> {
-        self.given.as_ref().map(|given| &given.client)
+        self.given.as_ref().map(Given::get)
     }
 
     pub(crate) fn validate(&self) -> Result<(), LockError> {

@@ -27,12 +27,7 @@ impl Clients {
 #[async_trait]
 impl Fixture for Clients {
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: Duration::from_secs(2),
-            margin: Duration::from_secs(4),
-            op_timeout: Duration::from_secs(2),
-            idle: Duration::from_secs(1),
-        }
+        Timing::SHORT
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -60,11 +55,7 @@ async fn the_applications_client_passes_the_core_properties() {
     assert!(matches!(dlock_etcd::connect(bare).await, Err(LockError::Refused { .. })));
 
     let clients = Clients(server);
-    properties::acquire_release(&clients).await;
-    properties::mutual_exclusion(&clients).await;
-    properties::waiter_wakes_on_release(&clients).await;
-    properties::watchdog_keeps_lock(&clients).await;
-    properties::idempotent_runs_once_and_replays_the_result(&clients).await;
+    properties::core(&clients).await;
 
     // Credentials are the client's: a config that sets its own beside it is refused.
     let twice = EtcdConfig::new([clients.0.addr().to_string()])

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, HostPort, LockError};
+use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, Given, HostPort, LockError};
 
 use crate::access::{AccessConfig, ServerAccess};
 use crate::keys::KeyLayout;
@@ -89,25 +89,9 @@ pub struct RedisConfig {
     sentinel_password: Option<String>,
     common: ConnectOptions,
     replica_ack: Option<ReplicaAck>,
-    given: Option<GivenClient>,
+    /// The application's own client, if it gave one.
+    given: Option<Given<redis::Client>>,
 }
-
-/// The application's own `redis::Client`: the lock's connections are made from it (its
-/// address, TLS, credentials and database). Two are the same only if they are the same
-/// one given.
-#[derive(Clone)]
-pub(crate) struct GivenClient {
-    pub(crate) client: redis::Client,
-    id: u64,
-}
-
-impl PartialEq for GivenClient {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for GivenClient {}
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -170,7 +154,6 @@ impl RedisConfig {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn from_client(client: redis::Client) -> Result<Self, LockError> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let info = client.get_connection_info();
         let (host, port, tls) = match info.addr() {
             redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port, false),
@@ -184,14 +167,13 @@ impl RedisConfig {
         let mut config = Self::single(host, port);
         config.access.tls = tls;
         config.access.db = info.redis_settings().db();
-        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        config.given = Some(GivenClient { client, id });
+        config.given = Some(Given::new(client));
         Ok(config)
     }
 
     /// The application's own client, if the config was made from one.
     pub(crate) fn given_client(&self) -> Option<&redis::Client> {
-        self.given.as_ref().map(|given| &given.client)
+        self.given.as_ref().map(Given::get)
     }
 
     /// Parses a URL:

@@ -30,12 +30,7 @@ struct Clients(RedisServer);
 #[async_trait]
 impl Fixture for Clients {
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: Duration::from_secs(1),
-            margin: Duration::from_secs(3),
-            op_timeout: Duration::from_secs(2),
-            idle: Duration::from_secs(1),
-        }
+        Timing::SHORT
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -55,11 +50,7 @@ fn connections(server: &RedisServer) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_applications_client_passes_the_core_properties() {
     let clients = Clients(server());
-    properties::acquire_release(&clients).await;
-    properties::mutual_exclusion(&clients).await;
-    properties::waiter_wakes_on_release(&clients).await;
-    properties::watchdog_keeps_lock(&clients).await;
-    properties::idempotent_runs_once_and_replays_the_result(&clients).await;
+    properties::core(&clients).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

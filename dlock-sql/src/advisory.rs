@@ -200,7 +200,7 @@ impl AdvisoryBackend {
             ));
         }
         let given_verifies =
-            matches!(&config.target, Target::Given(given) if crate::tls::pool_verifies_host(&given.pool));
+            matches!(&config.target, Target::Given(given) if crate::tls::pool_verifies_host(given.get()));
         if crate::tls::verifies_host(&config.tls) || given_verifies {
             // Each session reaches the server through a relay on the loopback address,
             // which the server's certificate does not name.
@@ -435,7 +435,7 @@ impl AdvisoryBackend {
         // A session's connect options: the URL's, or the application pool's own.
         let given = match &config.target {
             Target::Server(url) => Options::Url(url),
-            Target::Given(given) => Options::Pool(&given.pool),
+            Target::Given(given) => Options::Pool(given.get()),
             _ => return Err(LockError::InvalidInput("advisory locks need a database server".into())),
         };
         let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad URL: {e}"));

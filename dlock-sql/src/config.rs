@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, LockError};
+use dlock_core::{parse_duration, BackendUrl, ConnectConfig, ConnectOptions, Given, LockError};
 
 use crate::db::Pool;
 use crate::tls;
@@ -57,39 +57,10 @@ pub(crate) enum Target {
     File(PathBuf),
     /// A private in-memory SQLite database (one per connect).
     Memory,
-    /// The application's own pool.
-    Given(Given),
+    /// The application's own pool: its connections are used for the lock statements, and
+    /// it is never closed by this crate.
+    Given(Given<Pool>),
 }
-
-/// The application's own pool: its connections are used for the lock statements, and it is
-/// never closed by this crate. Two are the same target only if they are the same pool.
-#[derive(Clone)]
-pub(crate) struct Given {
-    pub(crate) pool: Pool,
-    id: u64,
-}
-
-impl Given {
-    fn new(pool: Pool) -> Self {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        Given { pool, id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
-    }
-}
-
-impl std::fmt::Debug for Given {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The pool's connect options hold its password: show only where it goes.
-        write!(f, "Given({})", self.pool.describe())
-    }
-}
-
-impl PartialEq for Given {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for Given {}
 
 /// How to reach a SQL database and keep locks in it.
 ///
@@ -447,7 +418,7 @@ impl SqlConfig {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
                 format!("sqlite::memory: #{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
             }
-            Target::Given(given) => given.pool.describe(),
+            Target::Given(given) => given.get().describe(),
         };
         format!("{place} table {table}")
     }

@@ -398,7 +398,7 @@ impl Pool {
     pub(crate) async fn connect(config: &SqlConfig, warm: &Warm) -> Result<Pool, LockError> {
         if let Target::Given(given) = &config.target {
             tls_ready(config);
-            return Self::check_given(config, &given.pool).await;
+            return Self::check_given(config, given.get()).await;
         }
         let pool = Self::connect_lazy(config, config.pool_size, warm)?;
         // The last failed attempt, so that a server that stays unreachable is reported
@@ -495,7 +495,7 @@ impl Pool {
         config.check_prefix()?;
         tls_ready(config);
         if let Target::Given(given) = &config.target {
-            return Ok(given.pool.clone().pooled(config.transaction_pooler));
+            return Ok(given.get().clone().pooled(config.transaction_pooler));
         }
         crate::tls::check_files(config.dialect, &config.tls)?;
         let bad = |e: sqlx::Error| LockError::InvalidInput(format!("bad {} URL: {e}", config.dialect.name()));

@@ -68,12 +68,7 @@ struct Pools(AppPool);
 #[async_trait]
 impl Fixture for Pools {
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: Duration::from_secs(2),
-            margin: Duration::from_secs(4),
-            op_timeout: Duration::from_secs(2),
-            idle: Duration::from_secs(1),
-        }
+        Timing::SHORT
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -85,11 +80,7 @@ impl Fixture for Pools {
 
 async fn core_properties(pool: AppPool) {
     let pools = Pools(pool);
-    properties::acquire_release(&pools).await;
-    properties::mutual_exclusion(&pools).await;
-    properties::waiter_wakes_on_release(&pools).await;
-    properties::watchdog_keeps_lock(&pools).await;
-    properties::idempotent_runs_once_and_replays_the_result(&pools).await;
+    properties::core(&pools).await;
 }
 
 async fn lock_once(locker: &dyn Locker) {

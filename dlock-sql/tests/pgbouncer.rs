@@ -46,12 +46,7 @@ impl Bounced {
 #[async_trait]
 impl Fixture for Bounced {
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: Duration::from_secs(2),
-            margin: Duration::from_secs(4),
-            op_timeout: Duration::from_secs(2),
-            idle: Duration::from_secs(1),
-        }
+        Timing::SHORT
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -62,12 +57,7 @@ impl Fixture for Bounced {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_table_works_behind_a_transaction_pooler() {
     let bounced = Bounced::start().await;
-    properties::acquire_release(&bounced).await;
-    properties::mutual_exclusion(&bounced).await;
-    properties::waiter_wakes_on_release(&bounced).await;
-    properties::watchdog_keeps_lock(&bounced).await;
-    properties::fixed_lease_expires(&bounced).await;
-    properties::idempotent_runs_once_and_replays_the_result(&bounced).await;
+    properties::core(&bounced).await;
     properties::semaphore_admits_at_most_n(&bounced).await;
 
     // Waiters poll: a LISTEN through the pooler would listen on nobody's session.

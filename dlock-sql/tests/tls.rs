@@ -41,12 +41,7 @@ struct Clients {
 #[async_trait]
 impl Fixture for Clients {
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: Duration::from_secs(2),
-            margin: Duration::from_secs(4),
-            op_timeout: Duration::from_secs(2),
-            idle: Duration::from_secs(1),
-        }
+        Timing::SHORT
     }
 
     async fn client(&self) -> Arc<dyn Locker> {
@@ -62,15 +57,10 @@ fn config(url: &str) -> SqlConfig {
         .with_pool_size(4)
 }
 
-/// The properties every backend is first judged by, run over one TLS connection string.
+/// The suite's core properties over one TLS connection string.
 async fn core_properties(url: &str) {
     let clients = Clients { url: url.to_string() };
-    properties::acquire_release(&clients).await;
-    properties::mutual_exclusion(&clients).await;
-    properties::waiter_wakes_on_release(&clients).await;
-    properties::watchdog_keeps_lock(&clients).await;
-    properties::fixed_lease_expires(&clients).await;
-    properties::idempotent_runs_once_and_replays_the_result(&clients).await;
+    properties::core(&clients).await;
 }
 
 /// A connect that must fail, and fail in time rather than hang.

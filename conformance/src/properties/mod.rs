@@ -198,6 +198,20 @@ macro_rules! case_table {
     };
 }
 
+/// The properties a backend reached another way (over TLS, through a pooler, with the
+/// application's own client) is first judged by: a grant and its release, mutual
+/// exclusion, a waiter woken by a release, a watchdog lease kept past its ttl, a fixed
+/// lease that expires, and a run-once key. The whole suite runs on the usual fixtures;
+/// these show the other way of connecting changes none of it.
+pub async fn core(f: &dyn Fixture) {
+    acquire_release(f).await;
+    mutual_exclusion(f).await;
+    waiter_wakes_on_release(f).await;
+    watchdog_keeps_lock(f).await;
+    fixed_lease_expires(f).await;
+    idempotent_runs_once_and_replays_the_result(f).await;
+}
+
 crate::for_each_case!(case_table {});
 
 /// A lock name no other test run uses, so tests can share an external server.
