@@ -197,42 +197,22 @@ fn certificate_refusal(_: &(dyn std::error::Error + 'static)) -> Option<String> 
 /// A certificate either side refused during the TLS handshake, found in an error's chain.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 fn certificate_refusal(err: &(dyn std::error::Error + 'static)) -> Option<String> {
-    use rustls::{AlertDescription, CertificateError};
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(err) = cause {
-        let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
-            err.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        });
-        if let Some(tls) = tls {
-            return Some(match tls {
-                // A CA of the same name but another key shows as a bad signature.
-                rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature) => {
-                    "the server's certificate is not signed by a CA this client trusts: name its CA with \
-                     sslrootcert (PostgreSQL) or ssl-ca (MySQL)"
-                        .into()
-                }
-                rustls::Error::InvalidCertificate(
-                    CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-                ) => "the server's certificate does not name the host the URL connects to (verify-full and \
-                      VERIFY_IDENTITY check it): connect by a name the certificate lists"
-                    .into(),
-                rustls::Error::InvalidCertificate(other) => format!("the server's certificate was refused: {other:?}"),
-                rustls::Error::AlertReceived(
-                    AlertDescription::CertificateRequired
-                    | AlertDescription::BadCertificate
-                    | AlertDescription::UnknownCA
-                    | AlertDescription::CertificateUnknown,
-                ) => {
-                    "the server refused this client's certificate (sslcert and sslkey, or ssl-cert and ssl-key)".into()
-                }
-                other => format!("TLS failed: {other}"),
-            });
+    use dlock_core::tls::TlsRefusal;
+    let (tls, refusal) = TlsRefusal::find(err)?;
+    Some(match refusal {
+        Some(TlsRefusal::UnknownCa) => "the server's certificate is not signed by a CA this client trusts: name its \
+                                        CA with sslrootcert (PostgreSQL) or ssl-ca (MySQL)"
+            .into(),
+        Some(TlsRefusal::OtherName) => "the server's certificate does not name the host the URL connects to \
+                                        (verify-full and VERIFY_IDENTITY check it): connect by a name the \
+                                        certificate lists"
+            .into(),
+        Some(TlsRefusal::ServerCertificate) => format!("the server's certificate was refused: {tls}"),
+        Some(TlsRefusal::ClientCertificate) => {
+            "the server refused this client's certificate (sslcert and sslkey, or ssl-cert and ssl-key)".into()
         }
-        cause = err.source();
-    }
-    None
+        _ => format!("TLS failed: {tls}"),
+    })
 }
 
 /// Maps a database error of a lock operation: refused for its credentials or TLS →

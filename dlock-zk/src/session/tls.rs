@@ -15,11 +15,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dlock_core::tls::TlsRefusal;
 use dlock_core::{HostPort, LockError};
 use futures::stream::{FuturesUnordered, StreamExt};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{AlertDescription, CertificateError, ClientConfig, RootCertStore};
+use rustls::{ClientConfig, RootCertStore};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -195,7 +196,7 @@ fn judge(outcome: Outcome, host: &HostPort, tls: Option<&Tls>) -> Verdict {
         Err(None) => return Verdict::Unreached,
         Err(Some(err)) => err,
     };
-    let Some(tls_error) = err.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) else {
+    let Some((tls_error, _)) = TlsRefusal::find(&err) else {
         // The connection broke without a TLS error. A TLS server ends a handshake it
         // refuses with an alert; a plaintext ZooKeeper closes the connection on the
         // client's hello, but so may an overloaded server (too many connections): a guess
@@ -210,11 +211,9 @@ fn judge(outcome: Outcome, host: &HostPort, tls: Option<&Tls>) -> Verdict {
             Some(why) => why,
             None => return Verdict::Answered(None),
         },
-        None => match tls_error {
+        None => match TlsRefusal::of(tls_error) {
             // A member that sends records rustls cannot read does not speak TLS either.
-            rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
-                return Verdict::Answered(None)
-            }
+            Some(TlsRefusal::NotTls) => return Verdict::Answered(None),
             _ => format!(
                 "{host} speaks TLS on this port: connect with zks:// (and ca=<pem file> when a private CA signed its \
                  certificate)"
@@ -228,43 +227,22 @@ fn judge(outcome: Outcome, host: &HostPort, tls: Option<&Tls>) -> Verdict {
 /// failures that may pass (a server's internal error, a handshake cut short).
 fn why_refused(err: &rustls::Error, host: &HostPort, tls: &Tls) -> Option<String> {
     let trusted = if tls.system_roots { "the system's roots" } else { "the ca= file" };
-    Some(match err {
-        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature) => {
-            format!(
-                "the certificate of {host} is not signed by a CA this client trusts ({trusted}): name its CA with \
-                 ca=<pem file>"
-            )
+    Some(match TlsRefusal::of(err)? {
+        TlsRefusal::UnknownCa => format!(
+            "the certificate of {host} is not signed by a CA this client trusts ({trusted}): name its CA with \
+             ca=<pem file>"
+        ),
+        TlsRefusal::OtherName => {
+            format!("the certificate of {host} does not name the host {}: connect by a name it has", host.host)
         }
-        rustls::Error::InvalidCertificate(
-            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-        ) => format!("the certificate of {host} does not name the host {}: connect by a name it has", host.host),
-        rustls::Error::InvalidCertificate(_) => format!("this client refused the certificate of {host}"),
-        rustls::Error::AlertReceived(
-            AlertDescription::BadCertificate
-            | AlertDescription::UnsupportedCertificate
-            | AlertDescription::CertificateRevoked
-            | AlertDescription::CertificateExpired
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::UnknownCA
-            | AlertDescription::AccessDenied
-            | AlertDescription::CertificateRequired,
-        ) => format!(
+        TlsRefusal::ServerCertificate => format!("this client refused the certificate of {host}"),
+        TlsRefusal::ClientCertificate => format!(
             "{host} refused this client's certificate, or its lack of one: give one it trusts with cert= and key="
         ),
-        // No protocol version, cipher suite or group both sides accept.
-        rustls::Error::AlertReceived(
-            alert @ (AlertDescription::HandshakeFailure
-            | AlertDescription::ProtocolVersion
-            | AlertDescription::InsufficientSecurity),
-        ) => format!(
-            "{host} ended the TLS handshake ({alert:?}): it accepts none of this client's TLS versions or ciphers"
-        ),
-        rustls::Error::PeerIncompatible(_) => {
-            format!("{host} offers no TLS version or cipher this client accepts")
+        TlsRefusal::NoCommonVersion => {
+            format!("{host} ended the TLS handshake ({err}): it accepts none of this client's TLS versions or ciphers")
         }
-        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
-            format!("{host} does not speak TLS on this port (it answered with something else)")
-        }
+        TlsRefusal::NotTls => format!("{host} does not speak TLS on this port (it answered with something else)"),
         _ => return None,
     })
 }
