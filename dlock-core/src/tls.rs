@@ -1,5 +1,6 @@
-//! What every backend that speaks TLS shares: one choice of crypto provider, and one
-//! reading of what a failed handshake refused ([`TlsRefusal`]).
+//! What every backend that speaks TLS shares: one choice of crypto provider, one reading
+//! of what a failed handshake refused ([`TlsRefusal`]), and one probe of whether a port
+//! speaks TLS ([`speaks_tls`]), for the plaintext client a TLS-only server hangs up on.
 //!
 //! rustls builds its configurations on a process-wide crypto provider, which it picks by
 //! itself only when exactly one is compiled in. The backends' client libraries pull in
@@ -20,6 +21,76 @@ pub fn install_crypto_provider() {
         // Another thread may install one meanwhile: its error says so, and its choice stands.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
+}
+
+/// A client configuration that trusts no certificate: a handshake with it can only fail,
+/// but how it fails tells what the server speaks (a certificate presented means TLS).
+/// `None` only if the crypto provider supports none of rustls' default protocol versions.
+pub fn trusting_nothing() -> Option<std::sync::Arc<rustls::ClientConfig>> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    Some(std::sync::Arc::new(config))
+}
+
+/// Whether the server at `host:port` answers a TLS handshake within `within`: it
+/// presents a certificate (which [`trusting_nothing`] refuses) or refuses the handshake
+/// with a TLS alert. `false` when nothing listens, nothing answers in time, or the answer
+/// is not TLS. A plaintext client of a server that speaks only TLS sees a connection
+/// closed or reset, as it would from an overloaded server; this tells the two apart,
+/// so that the error can say which scheme to use.
+///
+/// ```no_run
+/// # async fn f() {
+/// if dlock_core::tls::speaks_tls("redis.internal", 6380, std::time::Duration::from_secs(1)).await {
+///     eprintln!("redis.internal:6380 speaks TLS: connect with rediss://");
+/// }
+/// # }
+/// ```
+pub async fn speaks_tls(host: &str, port: u16, within: std::time::Duration) -> bool {
+    let Ok(name) = rustls::pki_types::ServerName::try_from(host.to_string()) else {
+        return false;
+    };
+    let handshake = async {
+        let probe = trusting_nothing()?;
+        let tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        tokio_rustls::TlsConnector::from(probe).connect(name, tcp).await.err()
+    };
+    match tokio::time::timeout(within, handshake).await {
+        Ok(Some(err)) => {
+            matches!(TlsRefusal::find(&err), Some((_, refusal)) if refusal != Some(TlsRefusal::NotTls))
+        }
+        _ => false,
+    }
+}
+
+/// For a plaintext client whose connection failed: a refusal naming the first of `hosts`
+/// that [speaks TLS](speaks_tls) on its port, saying to connect with
+/// `instead` (the TLS scheme, and the option naming a private CA); `None` when none does,
+/// so that the failure stays what it was. The hosts are probed all at once, for at most
+/// `within`.
+///
+/// ```no_run
+/// # async fn f() {
+/// let hosts = [dlock_core::HostPort::new("127.0.0.1", 6380)];
+/// let instead = "rediss:// (and tls_ca=<pem file> when a private CA signed its certificate)";
+/// if let Some(err) = dlock_core::tls::plaintext_refused(&hosts, instead, std::time::Duration::from_secs(1)).await {
+///     assert!(err.to_string().contains("127.0.0.1:6380 speaks TLS on this port: connect with rediss://"));
+/// }
+/// # }
+/// ```
+pub async fn plaintext_refused(
+    hosts: &[crate::HostPort],
+    instead: &str,
+    within: std::time::Duration,
+) -> Option<crate::LockError> {
+    let probes =
+        hosts.iter().map(|host| async move { speaks_tls(&host.host, host.port, within).await.then_some(host) });
+    let host = futures::future::join_all(probes).await.into_iter().flatten().next()?;
+    Some(crate::LockError::refused(format!("{host} speaks TLS on this port: connect with {instead}"), None))
 }
 
 /// What a TLS handshake refused, told apart the same way for every backend; each backend

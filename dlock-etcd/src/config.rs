@@ -159,6 +159,11 @@ impl EtcdConfig {
         self
     }
 
+    /// The members as `host:port`.
+    pub(crate) fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
     /// The endpoints as the client library takes them: `http://host:port` or `https://host:port`.
     pub fn endpoints(&self) -> Vec<String> {
         let scheme = if self.tls { "https" } else { "http" };

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{ConnectConfig, LockError};
+use dlock_core::{ConnectConfig, HostPort, LockError};
 use etcd_client::{Certificate, ConnectOptions, GetOptions, Identity, TlsOptions};
 
 use crate::cluster::Cluster;
@@ -13,6 +13,9 @@ use crate::config::EtcdConfig;
 /// more often than every 5 s, and pings on idle connections.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a failed plaintext connect waits to learn whether the members speak TLS.
+const TLS_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Connects, authenticates if the configuration names a user, and reads one key, all
 /// within the connect timeout: an unreachable cluster is `Unavailable` now, not at the
@@ -44,11 +47,27 @@ pub(crate) async fn open(config: &EtcdConfig) -> Result<Cluster, LockError> {
     probe(cluster, config).await
 }
 
-/// Reads one key, so that a cluster that does not answer is `Unavailable` now.
+/// Reads one key, so that a cluster that does not answer is `Unavailable` now, or
+/// `Refused` when a plaintext client reached members that speak only TLS.
 async fn probe(cluster: Cluster, config: &EtcdConfig) -> Result<Cluster, LockError> {
     let probe = format!("{}/", config.prefix()).into_bytes();
-    cluster.get("connect", config.connect_timeout(), probe, GetOptions::new().with_keys_only().with_limit(1)).await?;
-    Ok(cluster)
+    let read =
+        cluster.get("connect", config.connect_timeout(), probe, GetOptions::new().with_keys_only().with_limit(1));
+    match read.await {
+        Ok(_) => Ok(cluster),
+        Err(err @ LockError::Unavailable { .. }) if !config.is_tls() => {
+            let hosts: Vec<HostPort> = config
+                .hosts()
+                .iter()
+                .filter_map(|host| {
+                    host.rsplit_once(':').and_then(|(name, port)| Some(HostPort::new(name, port.parse().ok()?)))
+                })
+                .collect();
+            let instead = "etcds:// (and ca=<pem file> when a private CA signed its certificate)";
+            Err(dlock_core::tls::plaintext_refused(&hosts, instead, TLS_PROBE_TIMEOUT).await.unwrap_or(err))
+        }
+        Err(err) => Err(err),
+    }
 }
 
 fn tls_options(config: &EtcdConfig) -> Result<TlsOptions, LockError> {

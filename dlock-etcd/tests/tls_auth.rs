@@ -89,6 +89,7 @@ async fn tls_with_user_and_password() {
     let anonymous = refused(&url(&server, "", &ca)).await;
     // The server's certificate is not signed by a CA the system trusts.
     let untrusted = refused(&url(&server, "root:s3cret@", "")).await;
+    let plaintext = refused(&format!("etcd://root:s3cret@{}?connect_timeout=2s", server.addr())).await;
     let closed = dlock_testkit::supervisor::free_port().expect("a free port");
     let no_server = refused(&format!("etcds://root:s3cret@127.0.0.1:{closed}?connect_timeout=2s&{ca}")).await;
     // Each names the server and says what failed; none of them is an outage, except the
@@ -97,13 +98,14 @@ async fn tls_with_user_and_password() {
         (&wrong, server.addr().to_string(), "did not accept the user name and password"),
         (&anonymous, server.addr().to_string(), "authentication on"),
         (&untrusted, server.addr().to_string(), "certificate"),
+        (&plaintext, server.addr().to_string(), "speaks TLS on this port: connect with etcds://"),
         (&no_server, format!("127.0.0.1:{closed}"), "etcd"),
     ] {
         let message = err.to_string();
         assert!(message.contains(&place) && message.contains(says), "{message}");
         assert!(!message.contains("s3cret"), "{message}");
     }
-    for err in [&wrong, &anonymous] {
+    for err in [&wrong, &anonymous, &plaintext] {
         assert!(matches!(err, LockError::Refused { .. }) && !err.is_transient(), "not a refusal: {err:?}");
     }
     assert!(!untrusted.is_transient(), "{untrusted:?}");

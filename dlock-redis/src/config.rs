@@ -275,16 +275,10 @@ impl RedisConfig {
                 "credentials and TLS belong to the application's redis::Client, not to the lock's config".into()
             );
         }
-        let nodes = match &self.topology {
-            Topology::Single(node) => std::slice::from_ref(node),
-            Topology::Cluster(nodes) => nodes.as_slice(),
-            Topology::Sentinel { sentinels, master } => {
-                if master.is_empty() {
-                    return bad("the Sentinel master name is empty".into());
-                }
-                sentinels.as_slice()
-            }
-        };
+        if matches!(&self.topology, Topology::Sentinel { master, .. } if master.is_empty()) {
+            return bad("the Sentinel master name is empty".into());
+        }
+        let nodes = self.addresses();
         if nodes.is_empty() {
             return bad("no Redis address given".into());
         }
@@ -459,6 +453,18 @@ impl ConnectConfig for RedisConfig {
 /// assert!(config.validate().is_ok());
 /// assert!(config.with_db(1).validate().is_err());
 /// ```
+impl RedisConfig {
+    /// The addresses the client connects to first: the server, the Cluster's seeds, or
+    /// the Sentinels.
+    pub(crate) fn addresses(&self) -> &[Node] {
+        match &self.topology {
+            Topology::Single(node) => std::slice::from_ref(node),
+            Topology::Cluster(nodes) => nodes.as_slice(),
+            Topology::Sentinel { sentinels, .. } => sentinels.as_slice(),
+        }
+    }
+}
+
 impl AccessConfig for RedisConfig {
     fn access(&self) -> &ServerAccess {
         &self.access

@@ -27,6 +27,9 @@ use crate::error::{suggests_failover, to_lock_error};
 /// under it; that is safe because every script is idempotent per request.
 const RECONNECT_RETRIES: usize = 2;
 
+/// How long a failed plaintext connect waits to learn whether the servers speak TLS.
+const TLS_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// A command connection: cheap to clone (clones share the connection), reconnecting on
 /// its own after a failure. Commands have no response timeout of their own: the client
 /// bounds each operation by its operation timeout, and a renewal by the lease's validity
@@ -168,7 +171,17 @@ async fn connect_and_check(config: &RedisConfig, check: bool) -> Result<Connecte
         // The client names the server (`LockError::at`).
         Ok(Err(err)) => Err(match to_lock_error(err) {
             LockError::Unavailable { source: Some(cause), .. } => {
-                LockError::unavailable_because("cannot connect", cause)
+                let failed = LockError::unavailable_because("cannot connect", cause);
+                match config.access().tls || config.given_client().is_some() {
+                    true => failed,
+                    // A server that speaks only TLS hangs up on a plaintext client.
+                    false => {
+                        let instead = "rediss:// (and tls_ca=<pem file> when a private CA signed its certificate)";
+                        dlock_core::tls::plaintext_refused(config.addresses(), instead, TLS_PROBE_TIMEOUT)
+                            .await
+                            .unwrap_or(failed)
+                    }
+                }
             }
             other => other,
         }),

@@ -61,6 +61,17 @@ async fn locks_over_tls() {
     let started = Instant::now();
     assert!(dlock_redis::connect(untrusted).await.is_err(), "a server with an unknown CA was trusted");
     assert!(started.elapsed() < Duration::from_secs(4));
+
+    // A plaintext client on the TLS port: the server hangs up, and a probe finds TLS there.
+    let plain = RedisConfig::from_url(&format!("redis://127.0.0.1:{tls_port}?connect_timeout=2s")).unwrap();
+    match dlock_redis::connect(plain).await.map(|_| ()) {
+        Err(err @ dlock_core::LockError::Refused { .. }) => {
+            let message = err.to_string();
+            let says = format!("127.0.0.1:{tls_port} speaks TLS on this port: connect with rediss://");
+            assert!(message.contains(&says), "{message}");
+        }
+        other => panic!("a plaintext client on a TLS port: {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -131,7 +131,7 @@ pub(crate) enum Verdict {
 pub(crate) async fn diagnose(config: &ZkConfig, tls: Option<&Tls>, until: Instant) -> Verdict {
     let probe = match tls {
         Some(tls) => tls.probe.clone(),
-        None => match trusting_nothing() {
+        None => match dlock_core::tls::trusting_nothing() {
             Some(probe) => probe,
             None => return Verdict::Unreached,
         },
@@ -164,15 +164,6 @@ pub(crate) async fn diagnose(config: &ZkConfig, tls: Option<&Tls>, until: Instan
         }
     }
     verdict
-}
-
-fn trusting_nothing() -> Option<Arc<ClientConfig>> {
-    let config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .ok()?
-        .with_root_certificates(RootCertStore::empty())
-        .with_no_client_auth();
-    Some(Arc::new(config))
 }
 
 /// How a probe ended: `Err(None)` when no TCP connection was made, `Err(Some(_))` when the
