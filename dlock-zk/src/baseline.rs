@@ -36,9 +36,7 @@ impl ZkBaseline {
         config.validate()?;
         let settings = Settings::new(config);
         let mut connector = zk::Client::connector().with_session_timeout(DEFAULT_TTL).with_fail_eagerly();
-        if let Some(auth) = settings.config.digest_auth() {
-            connector = connector.with_auth("digest", &auth);
-        }
+        connector = settings.config.authenticate(connector);
         let tls = Tls::load(&settings.config)?;
         if let Some(tls) = &tls {
             connector = connector.with_tls(tls.options());

@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use dlock_core::{BackendUrl, ConnectConfig, ConnectOptions, HostPort, LockError, LockName};
+use zookeeper_client as zk;
 
 /// The client port of a ZooKeeper server when the URL names none.
 pub const DEFAULT_PORT: u16 = 2181;
@@ -21,17 +22,33 @@ pub(crate) const TLS_SCHEME: &str = "zks";
 /// The options only a `zks://` URL takes.
 const TLS_OPTIONS: [&str; 3] = ["ca", "cert", "key"];
 
+/// How a client's credentials authenticate to ZooKeeper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZkAuth {
+    /// The `digest` scheme (`addauth digest user:password`): the server takes any
+    /// password and derives the identity from it, so a wrong password shows only when a
+    /// node made by the right one is changed (`NoAuth`).
+    #[default]
+    Digest,
+    /// SASL DIGEST-MD5 against the users of the server's JAAS `Server` section: the server
+    /// checks the password when the session opens, and with `enforce.auth.schemes=sasl`
+    /// closes the sessions of clients that did not authenticate.
+    Sasl,
+}
+
 /// One `host:port` of the ensemble.
 pub type Host = HostPort;
 
 /// The settings of a ZooKeeper lock client.
 ///
 /// The URL form is `zk://[user:password@]host[:port][,host[:port]...][/root][?options]`:
-/// every member of the ensemble (the client fails over between them), optional digest
+/// every member of the ensemble (the client fails over between them), optional
 /// credentials (then lock nodes are created with ACLs that let only this identity change
-/// or delete them, and anyone read them), the znode root under which the locks live
-/// (default `/dlock`; the `prefix` option says the same as the path, `prefix=shop/locks`
-/// meaning `/shop/locks`), and the options `connect_timeout` and `op_timeout`.
+/// or delete them, and anyone read them; the `auth` option says how they authenticate:
+/// `auth=digest`, the default, or `auth=sasl` for SASL DIGEST-MD5, see [`ZkAuth`]), the
+/// znode root under which the locks live (default `/dlock`; the `prefix` option says the
+/// same as the path, `prefix=shop/locks` meaning `/shop/locks`), and the options
+/// `connect_timeout` and `op_timeout`.
 ///
 /// `zks://` instead of `zk://` speaks TLS to every member (ZooKeeper serves it on a
 /// separate port, its `secureClientPort`), as etcd's `etcds://` does, with the same
@@ -68,7 +85,8 @@ pub type Host = HostPort;
 #[derive(Clone, PartialEq, Eq)]
 pub struct ZkConfig {
     hosts: Vec<Host>,
-    digest: Option<(String, String)>,
+    credentials: Option<(String, String)>,
+    auth: ZkAuth,
     tls: bool,
     ca: Option<PathBuf>,
     identity: Option<(PathBuf, PathBuf)>,
@@ -91,7 +109,8 @@ impl fmt::Debug for ZkConfig {
             .field("hosts", &self.hosts)
             .field("root", &self.root())
             .field("user", &self.user())
-            .field("password", &self.digest.as_ref().map(|_| "<redacted>"))
+            .field("password", &self.credentials.as_ref().map(|_| "<redacted>"))
+            .field("auth", &self.auth)
             .field("tls", &self.tls)
             .field("ca", &self.ca)
             .field("identity", &self.identity)
@@ -107,7 +126,8 @@ impl ZkConfig {
     pub fn new(hosts: &str) -> Result<Self, LockError> {
         Ok(ZkConfig {
             hosts: parse_hosts(hosts)?,
-            digest: None,
+            credentials: None,
+            auth: ZkAuth::Digest,
             tls: false,
             ca: None,
             identity: None,
@@ -125,7 +145,16 @@ impl ZkConfig {
             _ => return Err(url.invalid("the scheme is not zk or zks")),
         };
         let (mut ca, mut cert, mut key) = (None, None, None);
+        let mut auth = ZkAuth::Digest;
         for (name, value) in &url.extra {
+            if name == "auth" {
+                auth = match value.as_str() {
+                    "digest" => ZkAuth::Digest,
+                    "sasl" => ZkAuth::Sasl,
+                    _ => return Err(url.invalid(format!("auth={value:?} is neither digest nor sasl"))),
+                };
+                continue;
+            }
             if name == "tls" || name == "ssl" {
                 // Other clients' URLs turn TLS on with an option; say what this one wants.
                 return Err(url.invalid(format!(
@@ -135,7 +164,7 @@ impl ZkConfig {
             }
             if !TLS_OPTIONS.contains(&name.as_str()) {
                 return Err(url.invalid(format!(
-                    "unknown option {name:?} (known: connect_timeout, op_timeout, prefix; with zks://: ca, cert, key)"
+                    "unknown option {name:?} (known: auth, connect_timeout, op_timeout, prefix; with zks://: ca, cert, key)"
                 )));
             }
             if !tls {
@@ -163,9 +192,16 @@ impl ZkConfig {
             (true, true) => format!("/{}", url.options.prefix.trim_matches('/')),
             (true, false) => DEFAULT_ROOT.to_string(),
         };
-        let mut config =
-            ZkConfig { hosts: url.hosts.clone(), digest: None, tls, ca, identity, common: url.options.clone() }
-                .with_root(&root)?;
+        let mut config = ZkConfig {
+            hosts: url.hosts.clone(),
+            credentials: None,
+            auth,
+            tls,
+            ca,
+            identity,
+            common: url.options.clone(),
+        }
+        .with_root(&root)?;
         match (&url.user, &url.password) {
             (None, None) => {}
             (Some(user), Some(password)) => config = config.with_credentials(user.as_str(), password.as_str()),
@@ -194,8 +230,29 @@ impl ZkConfig {
     /// The user must be non-empty and without `:` (connecting fails with `InvalidInput`
     /// otherwise).
     pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.digest = Some((user.into(), password.into()));
+        self.credentials = Some((user.into(), password.into()));
         self
+    }
+
+    /// How the [credentials](Self::with_credentials) authenticate: with the `digest`
+    /// scheme (the default), or by SASL DIGEST-MD5 against the server's JAAS users.
+    ///
+    /// ```
+    /// use dlock_zk::{ZkAuth, ZkConfig};
+    ///
+    /// let config = ZkConfig::new("zk1:2181")?.with_credentials("app", "s3cret").with_auth(ZkAuth::Sasl);
+    /// assert_eq!(config.auth(), ZkAuth::Sasl);
+    /// assert_eq!(config, ZkConfig::from_url("zk://app:s3cret@zk1:2181?auth=sasl")?);
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn with_auth(mut self, auth: ZkAuth) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// How the credentials authenticate.
+    pub fn auth(&self) -> ZkAuth {
+        self.auth
     }
 
     /// Speaks TLS to every member (on the port the servers serve TLS on, their
@@ -275,10 +332,18 @@ impl ZkConfig {
                 "a CA file or client certificate is set but TLS is off (with_tls(false))".into(),
             ));
         }
-        if let Some((user, password)) = &self.digest {
-            if user.is_empty() || user.contains(':') || user.contains('\0') || password.contains('\0') {
-                return Err(LockError::InvalidInput("a digest user must be non-empty, without ':' or NUL".into()));
+        match (&self.credentials, self.auth) {
+            (Some((user, password)), _) => {
+                if user.is_empty() || user.contains(':') || user.contains('\0') || password.contains('\0') {
+                    return Err(LockError::InvalidInput(
+                        "a ZooKeeper user must be non-empty, without ':' or NUL".into(),
+                    ));
+                }
             }
+            (None, ZkAuth::Sasl) => {
+                return Err(LockError::InvalidInput("SASL authentication needs a user and a password".into()));
+            }
+            (None, ZkAuth::Digest) => {}
         }
         Ok(())
     }
@@ -298,18 +363,33 @@ impl ZkConfig {
         format!("/{}", self.common.prefix.trim_matches('/'))
     }
 
-    /// The digest user, if credentials were given.
+    /// The user, if credentials were given.
     pub fn user(&self) -> Option<&str> {
-        self.digest.as_ref().map(|(user, _)| user.as_str())
+        self.credentials.as_ref().map(|(user, _)| user.as_str())
     }
 
-    /// The digest password, if credentials were given.
+    /// The password, if credentials were given.
     pub fn password(&self) -> Option<&str> {
-        self.digest.as_ref().map(|(_, password)| password.as_str())
+        self.credentials.as_ref().map(|(_, password)| password.as_str())
     }
 
-    pub(crate) fn digest_auth(&self) -> Option<Vec<u8>> {
-        self.digest.as_ref().map(|(user, password)| format!("{user}:{password}").into_bytes())
+    /// Whether the client authenticates (and so creates nodes only its identity may
+    /// change).
+    pub(crate) fn authenticates(&self) -> bool {
+        self.credentials.is_some()
+    }
+
+    /// The connector, set to authenticate as the credentials say.
+    pub(crate) fn authenticate(&self, connector: zk::Connector) -> zk::Connector {
+        match (&self.credentials, self.auth) {
+            (None, _) => connector,
+            (Some((user, password)), ZkAuth::Digest) => {
+                connector.with_auth("digest", format!("{user}:{password}").as_bytes())
+            }
+            (Some((user, password)), ZkAuth::Sasl) => {
+                connector.with_sasl(zk::SaslOptions::digest_md5(user.clone(), password.clone()))
+            }
+        }
     }
 
     /// The znode of the lock `name`: the root, then the name encoded as one path segment

@@ -13,13 +13,19 @@ pub struct ZkRequestError {
 }
 
 /// Maps an error of the ZooKeeper client: lost connections, timeouts and dead sessions
-/// are `Unavailable` (retrying later may work), everything else is a `Backend` error.
+/// are `Unavailable` (retrying later may work), a refused identity or right is `Refused`
+/// (retrying cannot help), everything else is a `Backend` error.
 pub(crate) fn lock_error(what: &'static str, err: zk::Error) -> LockError {
     if is_transient(&err) {
-        LockError::unavailable(format!("ZooKeeper {what}: {err}"))
-    } else {
-        LockError::backend(ZkRequestError { what, source: err })
+        return LockError::unavailable(format!("ZooKeeper {what}: {err}"));
     }
+    let why = match err {
+        // Also the server's answer to a client without SASL where it requires SASL.
+        zk::Error::AuthFailed => "ZooKeeper refused the credentials: a wrong SASL user or password, or none where the server requires SASL (zk://user:password@host/?auth=sasl)",
+        zk::Error::NoAuth => "ZooKeeper refused this identity the lock's nodes: another identity made them (a different digest password is a different identity, and the server lets a SASL user it does not know through as one of its own) or their ACL names another user",
+        _ => return LockError::backend(ZkRequestError { what, source: err }),
+    };
+    LockError::refused(why, Some(Box::new(ZkRequestError { what, source: err })))
 }
 
 /// Whether the error says the server could not be reached (or the session is gone),

@@ -77,9 +77,15 @@
 //! # Access control
 //!
 //! With credentials in the URL (`zk://user:password@host/...`) the client authenticates
-//! with the `digest` scheme and creates every node with an ACL that gives this identity
-//! all permissions and everyone else read access: other clients can inspect the locks but
-//! can neither queue nor delete a lock node (deleting needs permission on the lock's znode).
+//! with the `digest` scheme, or by SASL DIGEST-MD5 with `?auth=sasl` ([`ZkAuth`]), and
+//! creates every node with an ACL that gives this identity all permissions and everyone
+//! else read access: other clients can inspect the locks but can neither queue nor delete
+//! a lock node (deleting needs permission on the lock's znode).
+//!
+//! A server that refuses the client's identity (a wrong SASL password, no SASL where the
+//! server enforces it) or its rights on a node (`NoAuth`, as a wrong `digest` password
+//! gets on nodes made by the right one) is [`Refused`](dlock_core::LockError::Refused),
+//! not an outage.
 //!
 //! # Stored results
 //!
@@ -166,7 +172,7 @@ mod znode;
 pub use backend::{ZkBackend, ZkHold, ZkTicket};
 #[cfg(feature = "bench")]
 pub use baseline::ZkBaseline;
-pub use config::{Host, ZkConfig, DEFAULT_PORT, DEFAULT_ROOT, SCHEME};
+pub use config::{Host, ZkAuth, ZkConfig, DEFAULT_PORT, DEFAULT_ROOT, SCHEME};
 /// The shared builder methods of [`ZkConfig`] (timeouts and prefix).
 pub use dlock_core::ConnectConfig;
 pub use error::ZkRequestError;

@@ -115,9 +115,7 @@ impl Session {
             .with_session_timeout(requested)
             .with_connection_timeout(connection_timeout_for(requested))
             .with_fail_eagerly();
-        if let Some(auth) = settings.config.digest_auth() {
-            connector = connector.with_auth("digest", &auth);
-        }
+        connector = settings.config.authenticate(connector);
         let tls = Tls::load(&settings.config)?;
         if let Some(tls) = &tls {
             connector = connector.with_tls(tls.options());

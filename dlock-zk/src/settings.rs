@@ -21,7 +21,7 @@ pub(crate) struct Settings {
 
 impl Settings {
     pub(crate) fn new(config: ZkConfig) -> Self {
-        let acl = if config.digest_auth().is_some() {
+        let acl = if config.authenticates() {
             // The creator's identity may do everything, others may only look.
             vec![
                 zk::Acl::new(zk::Permission::ALL, zk::AuthId::authed()),

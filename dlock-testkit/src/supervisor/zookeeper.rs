@@ -103,6 +103,10 @@ pub struct ZooKeeperConfig {
     /// TLS on a secure client port besides the plaintext one (standalone servers only;
     /// an ensemble refuses it).
     pub tls: Option<ZooKeeperTls>,
+    /// SASL DIGEST-MD5 users (name, password). When there are any, the server
+    /// authenticates clients by SASL and closes every session that does not
+    /// (`enforce.auth.schemes=sasl`).
+    pub sasl_users: Vec<(String, String)>,
     /// More `key=value` lines for `zoo.cfg`.
     pub extra_config: Vec<String>,
 }
@@ -116,6 +120,7 @@ impl Default for ZooKeeperConfig {
             container_check_interval: Duration::from_secs(60),
             container_max_per_minute: 10_000,
             tls: None,
+            sasl_users: Vec::new(),
             extra_config: Vec::new(),
         }
     }
@@ -222,14 +227,35 @@ fn write_member_files(
         (None, _) => {}
         (Some(_), None) => return Err(io::Error::other("a TLS server needs a secure client port")),
     }
+    if !config.sasl_users.is_empty() {
+        std::fs::write(dir.join(JAAS_FILE), jaas_server_section(&config.sasl_users))?;
+        cfg.extend([
+            "authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider".to_string(),
+            "enforce.auth.enabled=true".to_string(),
+            "enforce.auth.schemes=sasl".to_string(),
+        ]);
+    }
     cfg.extend(config.extra_config.iter().cloned());
     let cfg_path = dir.join("zoo.cfg");
     std::fs::write(&cfg_path, cfg.join("\n") + "\n")?;
     Ok(MemberFiles { dir, cfg: cfg_path })
 }
 
+/// The JAAS file, in a member's directory, that holds its SASL users.
+const JAAS_FILE: &str = "jaas.conf";
+
+/// The JAAS `Server` section that the SASL provider reads its DIGEST-MD5 users from.
+fn jaas_server_section(users: &[(String, String)]) -> String {
+    let users: Vec<String> = users.iter().map(|(name, password)| format!("  user_{name}=\"{password}\"")).collect();
+    format!("Server {{\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n{};\n}};\n", users.join("\n"))
+}
+
 fn spawn_member(name: String, files: &MemberFiles, config: &ZooKeeperConfig) -> io::Result<ServerProcess> {
-    let spec = java_command()?
+    let mut java = java_command()?;
+    if !config.sasl_users.is_empty() {
+        java = java.args([format!("-Djava.security.auth.login.config={}", files.dir.join(JAAS_FILE).display())]);
+    }
+    let spec = java
         .args([
             format!("-Dznode.container.checkIntervalMs={}", config.container_check_interval.as_millis()),
             format!("-Dznode.container.maxPerMinute={}", config.container_max_per_minute),
