@@ -21,6 +21,7 @@ use dlock_core::{ConnectConfig, LockError};
 use crate::access::AccessConfig;
 use crate::config::{Node, RedisConfig, Topology};
 use crate::error::{suggests_failover, to_lock_error};
+use crate::{results, scripts};
 
 /// Reconnection attempts after a connection broke (each bounded by the connect
 /// timeout). On a Cluster they are also re-sendings of a command whose connection broke
@@ -160,7 +161,7 @@ async fn connect_and_check(config: &RedisConfig, check: bool) -> Result<Connecte
     let attempt = async {
         let connected = open(config, ca.as_deref()).await?;
         let mut commands = connected.commands.clone();
-        crate::scripts::scripts().load_all(&mut commands).await?;
+        load_scripts(&mut commands).await?;
         if check {
             check_memory_policy(&mut commands, config).await;
         }
@@ -187,6 +188,18 @@ async fn connect_and_check(config: &RedisConfig, check: bool) -> Result<Connecte
         }),
         Err(_) => Err(LockError::unavailable(format!("cannot connect within {timeout:?}"))),
     }
+}
+
+/// `SCRIPT LOAD`s every script a client sends, the lock scripts and the
+/// [result scripts](crate::results) (on every node of a Cluster), so that the first call
+/// of each is a plain `EVALSHA`. The list is put together here, above both, so that the
+/// script layer never depends on what is built on it.
+async fn load_scripts(conn: &mut RedisConnection) -> RedisResult<()> {
+    scripts::scripts().load_all(conn).await?;
+    for script in results::scripts().all() {
+        script.load_async(conn).await?;
+    }
+    Ok(())
 }
 
 /// Reads the server's `maxmemory-policy` and warns when it can evict what the locks

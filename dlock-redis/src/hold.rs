@@ -4,7 +4,7 @@
 use dlock_core::{FencingToken, HoldKind, Holder, LockError, OwnerId};
 
 use crate::keys::{hold_id_of, LockKeys, GRANT_FIELD_PREFIX, OWNER_FIELD_PREFIX};
-use crate::scripts::HoldView;
+use crate::replies::HoldView;
 
 /// A granted hold: the lock's keys, the owner, the grant (named after the request that
 /// made it), the token, which renewals and the release check on the server (on

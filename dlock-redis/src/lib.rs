@@ -252,8 +252,10 @@ mod error;
 mod handoff;
 mod hold;
 pub mod keys;
+mod lua;
 mod pubsub;
 pub mod redlock;
+mod replies;
 pub mod results;
 pub mod scripts;
 

@@ -13,6 +13,9 @@
 //! it. The `call` field makes a store idempotent per call: a second delivery of the same
 //! call (a retry after a broken connection) finds its own record and answers "stored"
 //! instead of being refused by the token it wrote itself.
+//!
+//! The scripts' text is under `src/lua/results/`; this module composes them, calls them
+//! under a hold and reads their replies.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -24,90 +27,17 @@ use redis::{ErrorKind, RedisResult, Script, Value};
 use crate::error::to_lock_error;
 use crate::hold::RedisHold;
 use crate::keys::LockKeys;
-use crate::scripts::{ttl_millis, Invocation, ABOVE_LIB};
-
-/// Stores a result if the hold is this grant's and no result of this token or a later one
-/// is there; a second delivery of the same call answers as the first did.
-///
-/// The hold check is the release script's: the hold hash names this token and this
-/// owner, and still has this grant's field (a grant released or given back, or a hold
-/// expired, evicted or taken by another, does not store). Tokens are compared as decimal
-/// strings (length, then text), as the RedLock grant script does, so that no value loses
-/// precision in Lua's doubles.
-///
-/// KEYS: hold, result. ARGV: owner field, token, grant field, call id, value, retention
-/// in ms.
-/// Returns 1 when stored, 2 when this call stored it already, 0 when the hold is not
-/// this grant's, -1 when a result of this token or a later one is stored.
-const STORE: &str = r#"
-if redis.call('hget', KEYS[2], 'call') == ARGV[4] then
-  return 2
-end
-if redis.call('hget', KEYS[1], 'token') ~= ARGV[2] or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
-  return 0
-end
-if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
-  return 0
-end
-return write_result(KEYS[2], ARGV[2], ARGV[5], ARGV[4], ARGV[6])
-"#;
-
-/// Writes a result record unless one of a higher token is kept (`-1`); `1` when
-/// written. Put in front of both store scripts, after their hold checks differ.
-const WRITE_RESULT_LIB: &str = r#"
-local function write_result(key, token, value, call, retention)
-  local stored = redis.call('hget', key, 'token')
-  if stored and not above(token, stored) then
-    return -1
-  end
-  redis.call('hset', key, 'token', token, 'value', value, 'call', call)
-  redis.call('pexpire', key, retention)
-  return 1
-end
-"#;
-
-/// Stores a result as the store script does, for a reader's share or a permit: the hold
-/// check is the release's of those holds (the owner's hold has this token, its lease has
-/// not lapsed, whether or not a script dropped it yet, and this grant is still there).
-///
-/// KEYS: hold, result, leases. ARGV: hold id, token, request id, call id, value,
-/// retention in ms.
-/// Returns what the store script returns.
-const STORE_SHARED: &str = r#"
-if redis.call('hget', KEYS[2], 'call') == ARGV[4] then
-  return 2
-end
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lapse = redis.call('zscore', KEYS[3], ARGV[1])
-if not lapse or tonumber(lapse) <= now or redis.call('hget', KEYS[1], 'holder:' .. ARGV[1]) ~= ARGV[2] then
-  return 0
-end
-if redis.call('hget', KEYS[1], 'request:' .. ARGV[3]) ~= ARGV[1] then
-  return 0
-end
-return write_result(KEYS[2], ARGV[2], ARGV[5], ARGV[4], ARGV[6])
-"#;
-
-/// Reads the stored result.
-///
-/// KEYS: result. Returns `{}` when there is none, else `{token, value, call}` as stored
-/// (a missing field comes back as nil, which the client reports as a corrupt record).
-const LOAD: &str = r#"
-if redis.call('exists', KEYS[1]) == 0 then
-  return {}
-end
-return redis.call('hmget', KEYS[1], 'token', 'value', 'call')
-"#;
+use crate::lua::{ABOVE_LIB, LOAD_RESULT, STORE_RESULT, STORE_RESULT_SHARED, WRITE_RESULT_LIB};
+use crate::scripts::{ttl_millis, Invocation};
 
 /// The result scripts, hashed once per process, loaded with the lock scripts when a
 /// client connects.
 pub struct ResultScripts {
-    /// See the store script.
+    /// See `src/lua/results/store.lua`.
     pub store: Script,
-    /// See the load script.
+    /// See `src/lua/results/load.lua`.
     pub load: Script,
-    /// See the store script of readers and permits.
+    /// See `src/lua/results/store_shared.lua` (readers and permits).
     pub store_shared: Script,
 }
 
@@ -118,9 +48,9 @@ impl std::fmt::Debug for ResultScripts {
 }
 
 static SCRIPTS: LazyLock<ResultScripts> = LazyLock::new(|| ResultScripts {
-    store: Script::new(&format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE}")),
-    load: Script::new(LOAD),
-    store_shared: Script::new(&format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE_SHARED}")),
+    store: Script::new(&format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE_RESULT}")),
+    load: Script::new(LOAD_RESULT),
+    store_shared: Script::new(&format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE_RESULT_SHARED}")),
 });
 
 /// The result scripts of this crate.
@@ -291,7 +221,6 @@ fn corrupt(what: &str, found: &str) -> redis::RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::TOKEN_FIELD;
 
     fn bulk(s: &[u8]) -> Value {
         Value::BulkString(s.to_vec())
@@ -336,13 +265,6 @@ mod tests {
             assert!(ResultRecord::parse(Value::Array(bad.clone())).is_err(), "{bad:?}");
         }
         assert!(ResultRecord::parse(Value::Int(1)).is_err());
-    }
-
-    #[test]
-    fn the_store_script_checks_the_hold_as_the_release_script_does() {
-        assert!(STORE.contains(&format!("redis.call('hget', KEYS[1], '{TOKEN_FIELD}') ~= ARGV[2]")));
-        assert!(STORE.contains("redis.call('hexists', KEYS[1], ARGV[1]) == 0"));
-        assert!(STORE.contains("redis.call('hexists', KEYS[1], ARGV[3]) == 0"));
     }
 
     #[test]
