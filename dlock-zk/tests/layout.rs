@@ -233,7 +233,9 @@ async fn digest_acls_protect_lock_nodes() {
     let info = mallory.inspect(&name).await.expect("other identities may inspect");
     assert_eq!(info.holder.map(|h| h.token), Some(lease.token()));
     match mallory.try_acquire(&name, &opts).await {
-        Err(LockError::Backend(err)) => assert!(err.to_string().contains("not authorized"), "{err}"),
+        Err(err @ LockError::Refused { .. }) => {
+            assert!(err.to_string().contains("refused this identity the lock's nodes"), "{err}")
+        }
         other => panic!("another identity must be refused, not {other:?}"),
     }
 

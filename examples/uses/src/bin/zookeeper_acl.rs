@@ -37,7 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seen = other.inspect(&name).await?.holder.map(|holder| holder.token);
     // ...but the ACL keeps it from queueing for the lock.
     let refused = match other.try_acquire(&name, &opts).await {
-        Err(LockError::Backend(err)) => err.to_string(),
+        Err(err @ LockError::Refused { .. }) => err.to_string(),
         Ok(Some(_)) | Ok(None) => return Err("another identity could queue for the lock: no ACL on it".into()),
         Err(err) => return Err(err.into()),
     };
