@@ -41,12 +41,12 @@ impl std::fmt::Debug for EtcdBaseline {
 /// Connects as [`connect`](crate::connect) does and grants the baseline's lease (30 s,
 /// the default ttl).
 pub async fn raw_baseline(config: EtcdConfig) -> Result<EtcdBaseline, LockError> {
-    let cluster = connect::open(&config).await?;
+    let cluster = Arc::new(connect::open(&config).await?);
     let granted = cluster.grant(config.op_timeout(), keys::ttl_secs(DEFAULT_TTL)).await?;
     Ok(EtcdBaseline {
-        cluster: Arc::new(cluster),
+        cluster,
         prefix: config.prefix().to_string(),
-        lease: granted.id(),
+        lease: granted.id,
         op_timeout: config.op_timeout(),
         owner: OwnerId::new("raw-baseline")?,
         seq: AtomicU64::new(1),
@@ -150,12 +150,7 @@ impl EtcdBaseline {
     /// Revokes a lease that holds no key, in the background, as the library does: the
     /// store's answer does not wait for it.
     fn revoke_later(&self, lease: i64) {
-        let (cluster, limit) = (self.cluster.clone(), self.op_timeout);
-        tokio::spawn(async move {
-            if let Err(err) = cluster.revoke(limit, lease).await {
-                tracing::debug!(%err, lease = %format_args!("{lease:x}"), "revoking an unused result lease failed");
-            }
-        });
+        self.cluster.revoke_later(self.op_timeout, lease, self.op_timeout);
     }
 
     async fn keep_alive(&self) -> Result<(), LockError> {
@@ -187,7 +182,7 @@ impl RawBaseline for EtcdBaseline {
         let held = self.acquire(name, HoldKind::Exclusive).await?;
         let target = keys::result_key_in(&keys::lock_dir(&self.prefix, name));
         let record = keys::encode_result(keys::token_of(held.rev), value);
-        let lease = self.cluster.grant(self.op_timeout, keys::ttl_secs(MAX_DURATION)).await?.id();
+        let lease = self.cluster.grant(self.op_timeout, keys::ttl_secs(MAX_DURATION)).await?.id;
         let stored = self.store(&held, &target, record, lease).await;
         if stored.is_err() {
             // Whatever became of the record, a year-long lease must not outlive the

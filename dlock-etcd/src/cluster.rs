@@ -10,12 +10,13 @@
 //! doing anything) is sent again to the next member, within the same time bound.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_core::LockError;
 use etcd_client::{
-    Client, ConnectOptions, Error, GetOptions, GetResponse, LeaseGrantResponse, LeaseTimeToLiveOptions, Txn,
+    Client, ConnectOptions, Error, GetOptions, GetResponse, LeaseGrantOptions, LeaseTimeToLiveOptions, Txn,
     TxnResponse, WatchOptions, WatchStream,
 };
 use tonic::Code;
@@ -26,6 +27,8 @@ use crate::error::{is_lease_gone, is_transient, map_err};
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 /// The longest such pause.
 const RETRY_MAX: Duration = Duration::from_millis(200);
+/// The longest pause between attempts to revoke a lease left behind.
+const REVOKE_PAUSE_MAX: Duration = Duration::from_secs(5);
 
 /// The members of one cluster, as this client reaches them.
 pub(crate) struct Cluster {
@@ -236,11 +239,38 @@ impl Cluster {
         .await
     }
 
-    pub(crate) async fn grant(&self, limit: Duration, ttl_secs: i64) -> Result<LeaseGrantResponse, LockError> {
-        self.call("lease grant", limit, Retry::Idempotent, |client| async move {
-            client.lease_client().grant(ttl_secs, None).await
-        })
-        .await
+    /// Grants a lease under an id this client chose, so that a grant sent again after its
+    /// answer was lost finds the lease the first one made (and takes it, at the ttl the
+    /// server gave it) instead of making a second one. A grant that fails (or is dropped)
+    /// after it may have reached the server leaves a lease nobody knows of: it is revoked
+    /// in the background, for as long as it could live.
+    pub(crate) async fn grant(self: &Arc<Self>, limit: Duration, ttl_secs: i64) -> Result<Granted, LockError> {
+        let lives = Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(u64::MAX));
+        let unanswered = UnansweredGrant {
+            cluster: self,
+            id: fastrand::i64(1..i64::MAX),
+            sent: AtomicBool::new(false),
+            limit,
+            ends: Instant::now() + lives,
+        };
+        let id = unanswered.id;
+        let granted = self
+            .call("lease grant", limit, Retry::Idempotent, |client| {
+                let resent = unanswered.sent.swap(true, Ordering::SeqCst);
+                let sent = &unanswered.sent;
+                async move {
+                    let granted = grant_as(&client, id, ttl_secs, resent).await;
+                    match &granted {
+                        Ok(_) => sent.store(false, Ordering::SeqCst),
+                        Err(err) if refused_connection(err) && !resent => sent.store(false, Ordering::SeqCst),
+                        Err(_) => {}
+                    }
+                    granted
+                }
+            })
+            .await;
+        drop(unanswered);
+        granted
     }
 
     pub(crate) async fn revoke(&self, limit: Duration, lease: i64) -> Result<(), LockError> {
@@ -248,6 +278,33 @@ impl Cluster {
             client.lease_client().revoke(lease).await.map(drop)
         })
         .await
+    }
+
+    /// Revokes a lease that holds nothing of ours, in the background (the answer of the call
+    /// that made it unused need not wait for it), trying again for `within` while the
+    /// cluster cannot be reached: a lease left behind ends only at its own ttl.
+    pub(crate) fn revoke_later(self: &Arc<Self>, limit: Duration, lease: i64, within: Duration) {
+        // Dropped outside a runtime (at exit), the lease is left to its ttl.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let cluster = Arc::clone(self);
+        let give_up = Instant::now() + within;
+        runtime.spawn(async move {
+            let mut pause = RETRY_MAX;
+            loop {
+                match cluster.revoke(limit, lease).await {
+                    Ok(()) => return,
+                    Err(err) if is_lease_gone(&err) => return,
+                    Err(err) if !err.is_transient() || Instant::now() + pause >= give_up => {
+                        tracing::debug!(%err, lease = %format_args!("{lease:x}"), "revoking an unused lease failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(REVOKE_PAUSE_MAX);
+                    }
+                }
+            }
+        });
     }
 
     /// One keepalive on a fresh stream (closed again when the answer is in): `Ok(false)`
@@ -297,6 +354,56 @@ impl Cluster {
     }
 }
 
+/// A lease the cluster granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Granted {
+    /// Its id.
+    pub(crate) id: i64,
+    /// Its ttl in seconds, as the server set it (never below what was asked, perhaps above).
+    pub(crate) ttl: i64,
+}
+
+/// A grant that may have reached the server with no answer yet (`sent`): when it is
+/// dropped so, the lease it may have made is revoked in the background.
+struct UnansweredGrant<'a> {
+    cluster: &'a Arc<Cluster>,
+    id: i64,
+    sent: AtomicBool,
+    limit: Duration,
+    /// When the lease would end on its own.
+    ends: Instant,
+}
+
+impl Drop for UnansweredGrant<'_> {
+    fn drop(&mut self) {
+        if self.sent.load(Ordering::SeqCst) {
+            let within = self.ends.saturating_duration_since(Instant::now());
+            self.cluster.revoke_later(self.limit, self.id, within);
+        }
+    }
+}
+
+/// One grant of lease `id`. Sent again (`resent`), a grant the server says exists was
+/// made by an earlier sending whose answer was lost: ids are drawn at random from 2^63,
+/// so another client's lease under the same id is not a case to plan for.
+async fn grant_as(client: &Client, id: i64, ttl_secs: i64, resent: bool) -> Result<Granted, Error> {
+    let mut leases = client.lease_client();
+    match leases.grant(ttl_secs, Some(LeaseGrantOptions::new().with_id(id))).await {
+        Ok(resp) => Ok(Granted { id: resp.id(), ttl: resp.ttl() }),
+        Err(err) if resent && lease_exists(&err) => {
+            let ttl = leases.time_to_live(id, None).await?.granted_ttl();
+            tracing::debug!(lease = %format_args!("{id:x}"), "a grant sent again found the lease it made");
+            Ok(Granted { id, ttl })
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Whether a grant was refused because a lease with its id exists.
+fn lease_exists(err: &Error) -> bool {
+    matches!(err, Error::GRpcStatus(status) if status.code() == Code::FailedPrecondition && status.message().contains("lease already exists"))
+}
+
 /// Whether the connection was refused: the request was never sent.
 fn refused_connection(err: &Error) -> bool {
     match err {
@@ -326,5 +433,34 @@ fn member_trouble(err: &Error) -> bool {
         },
         Error::TransportError(_) | Error::IoError(_) => true,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_testkit::supervisor::etcd::{EtcdConfig as ServerConfig, EtcdServer};
+
+    /// A grant sent again under the id of one whose answer was lost takes the lease the
+    /// first made; sent once, the same grant is refused (that id is another's lease).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_sent_again_takes_the_lease_it_made() {
+        let server = tokio::task::spawn_blocking(|| EtcdServer::start(&ServerConfig::default()))
+            .await
+            .expect("spawn_blocking")
+            .expect("start etcd");
+        let endpoint = server.url().replacen("etcd://", "http://", 1);
+        let client = Client::connect([endpoint], None).await.expect("connect");
+        let id = fastrand::i64(1..i64::MAX);
+
+        let first = grant_as(&client, id, 60, false).await.expect("the first grant");
+        assert_eq!(first, Granted { id, ttl: 60 });
+        let again = grant_as(&client, id, 60, true).await.expect("the grant sent again");
+        assert_eq!(again, first, "the grant sent again took the lease the first made");
+        let leases = client.lease_client().leases().await.expect("list leases");
+        assert_eq!(leases.leases().iter().filter(|l| l.id() == id).count(), 1);
+
+        let other = grant_as(&client, id, 60, false).await.expect_err("a first grant under a taken id");
+        assert!(lease_exists(&other), "{other}");
     }
 }

@@ -12,7 +12,10 @@
 //!   answer within the lease's validity still renews it, and one that hangs does not hold
 //!   up the next. A `Fixed(ttl)` lease gets a lease of its own that nobody keeps
 //!   alive. Leases are never granted per lock for watchdog locks, and an unused lease is
-//!   revoked, not leaked.
+//!   revoked, not leaked. Each grant names its lease id (drawn at random), so a grant
+//!   sent again after its answer was lost takes the lease the first sending made, and a
+//!   grant that fails with no answer revokes that id in the background until the
+//!   server answers (or the lease would have ended anyway).
 //! - **Keys.** A lock named `n` is the range `<prefix>/<encoded n>/` (the name is
 //!   percent-encoded, [`lock_dir`]); each acquire puts one key on its session's lease,
 //!   named for the kind of hold it asks for: `<prefix>/<encoded n>/<lease id>-<seq>` for

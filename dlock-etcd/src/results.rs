@@ -171,22 +171,15 @@ impl Shared {
     async fn grant_retention(&self, retention: Duration) -> Result<i64, LockError> {
         let secs = keys::ttl_secs(retention);
         let resp = self.cluster.grant(self.op_timeout, secs).await?;
-        if resp.ttl() < secs {
-            self.revoke_later(resp.id());
-            return Err(EtcdError::ShortLease { asked: secs, granted: resp.ttl() }.into());
+        if resp.ttl < secs {
+            self.revoke_later(resp.id);
+            return Err(EtcdError::ShortLease { asked: secs, granted: resp.ttl }.into());
         }
-        Ok(resp.id())
+        Ok(resp.id)
     }
 
-    /// Revokes a lease that holds no key of ours, in the background: the answer of the
-    /// call that made it unused need not wait for it, and a lease left behind only ends
-    /// at its own ttl.
+    /// Revokes a lease that holds no key of ours, in the background.
     fn revoke_later(&self, lease: i64) {
-        let (cluster, limit) = (self.cluster.clone(), self.op_timeout);
-        tokio::spawn(async move {
-            if let Err(err) = cluster.revoke(limit, lease).await {
-                tracing::debug!(%err, lease = %format_args!("{lease:x}"), "revoking an unused result lease failed");
-            }
-        });
+        self.cluster.revoke_later(self.op_timeout, lease, self.op_timeout);
     }
 }

@@ -323,13 +323,7 @@ impl Drop for Session {
         if lock_unpoisoned(&self.state).gone {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (cluster, id, limit) = (self.cluster.clone(), self.id, self.op_timeout);
-        runtime.spawn(async move {
-            if let Err(err) = cluster.revoke(limit, id).await {
-                tracing::debug!(lease = %format_args!("{id:x}"), %err, "revoking an unused lease failed; it expires on its own");
-            }
-        });
+        self.cluster.revoke_later(self.op_timeout, self.id, self.ttl);
     }
 }
 
@@ -400,15 +394,15 @@ impl Sessions {
         let resp = self.cluster.grant(self.op_timeout, ttl_secs).await?;
         // The server may raise a short ttl to its minimum; a shorter one would break the
         // promise that the hold outlasts the client's idea of it.
-        let granted = resp.ttl();
+        let granted = resp.ttl;
         if granted < ttl_secs {
-            let _ = self.cluster.revoke(self.op_timeout, resp.id()).await;
+            let _ = self.cluster.revoke(self.op_timeout, resp.id).await;
             return Err(EtcdError::ShortLease { asked: ttl_secs, granted }.into());
         }
         let ttl = Duration::from_secs(u64::try_from(granted).unwrap_or(u64::MAX));
-        tracing::debug!(lease = %format_args!("{:x}", resp.id()), ?ttl, shared = home.is_some(), "lease granted");
+        tracing::debug!(lease = %format_args!("{:x}", resp.id), ?ttl, shared = home.is_some(), "lease granted");
         Ok(Arc::new(Session {
-            id: resp.id(),
+            id: resp.id,
             ttl,
             private: home.is_none(),
             state: Mutex::new(State { last_sent: sent, gone: false, retired: false, pending: None }),
