@@ -191,10 +191,15 @@ async fn connect_and_check(config: &RedisConfig, check: bool) -> Result<Connecte
 }
 
 /// `SCRIPT LOAD`s every script a client sends, the lock scripts and the
-/// [result scripts](crate::results) (on every node of a Cluster), so that the first call
-/// of each is a plain `EVALSHA`. The list is put together here, above both, so that the
-/// script layer never depends on what is built on it.
+/// [result scripts](crate::results), so that the first call of each is a plain
+/// `EVALSHA`. The list is put together here, above both, so that the script layer never
+/// depends on what is built on it. Not on a Cluster: there `SCRIPT LOAD` must reach every
+/// node, so one node down would fail the connect, and a replica promoted later would not
+/// have the scripts anyway; each node is sent a script whole on its first `NOSCRIPT`.
 async fn load_scripts(conn: &mut RedisConnection) -> RedisResult<()> {
+    if matches!(conn, RedisConnection::Cluster(_)) {
+        return Ok(());
+    }
     scripts::scripts().load_all(conn).await?;
     for script in results::scripts().all() {
         script.load_async(conn).await?;
@@ -231,7 +236,7 @@ pub(crate) fn eviction_risk(policy: &str) -> Option<&'static str> {
 
 /// A connection to one server (`config` names a single server) that connects on its
 /// first command instead of now, and reconnects as [`connect`]'s does. Nothing is sent
-/// until then; the scripts are loaded on their first `NOSCRIPT`.
+/// until then; the scripts are sent whole on their first `NOSCRIPT`.
 pub(crate) fn connect_lazily(config: &RedisConfig) -> Result<Connected, LockError> {
     config.validate()?;
     let Topology::Single(node) = config.topology() else {
@@ -288,8 +293,11 @@ async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected>
         }
         Topology::Cluster(seeds) => {
             let infos: Vec<ConnectionInfo> = seeds.iter().map(|node| node_info(node, config)).collect();
+            // The client connects to every seed before it reads the slot map, so a seed
+            // that accepts connections but never answers (a frozen host) would take the
+            // whole connect budget: each node gets a third of it.
             let mut builder = ClusterClientBuilder::new(infos.clone())
-                .connection_timeout(config.connect_timeout())
+                .connection_timeout(config.connect_timeout() / 3)
                 .retries(RECONNECT_RETRIES as u32);
             if let Some(user) = config.user() {
                 builder = builder.username(user);

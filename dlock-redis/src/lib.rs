@@ -59,7 +59,9 @@
 //! ```
 //!
 //! Every operation is one `EVALSHA` of a Lua script (loaded when the client connects,
-//! loaded again if the server answers `NOSCRIPT`):
+//! except on a Cluster, and sent whole with `EVAL`, routed by its key, where the node
+//! answers `NOSCRIPT`, so that a Cluster node that is down, or a replica promoted since,
+//! costs nothing at connect and one `EVAL` per script later):
 //!
 //! - **acquire** grants when the hash is absent (`INCR` of the fence counter, the
 //!   owner's count set to 1, the token stored, `PEXPIRE` of the ttl rounded up to whole

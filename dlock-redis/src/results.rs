@@ -22,23 +22,23 @@ use std::time::Duration;
 
 use dlock_core::{FencingToken, HoldKind, LockError, StoredResult};
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisResult, Script, Value};
+use redis::{ErrorKind, RedisResult, Value};
 
 use crate::error::to_lock_error;
 use crate::hold::RedisHold;
 use crate::keys::LockKeys;
 use crate::lua::{ABOVE_LIB, LOAD_RESULT, STORE_RESULT, STORE_RESULT_SHARED, WRITE_RESULT_LIB};
-use crate::scripts::{ttl_millis, Invocation};
+use crate::scripts::{ttl_millis, Invocation, LuaScript};
 
 /// The result scripts, hashed once per process, loaded with the lock scripts when a
 /// client connects.
 pub struct ResultScripts {
     /// See `src/lua/results/store.lua`.
-    pub store: Script,
+    pub store: LuaScript,
     /// See `src/lua/results/load.lua`.
-    pub load: Script,
+    pub load: LuaScript,
     /// See `src/lua/results/store_shared.lua` (readers and permits).
-    pub store_shared: Script,
+    pub store_shared: LuaScript,
 }
 
 impl std::fmt::Debug for ResultScripts {
@@ -48,9 +48,9 @@ impl std::fmt::Debug for ResultScripts {
 }
 
 static SCRIPTS: LazyLock<ResultScripts> = LazyLock::new(|| ResultScripts {
-    store: Script::new(&format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE_RESULT}")),
-    load: Script::new(LOAD_RESULT),
-    store_shared: Script::new(&format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE_RESULT_SHARED}")),
+    store: LuaScript::new(format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE_RESULT}")),
+    load: LuaScript::new(LOAD_RESULT),
+    store_shared: LuaScript::new(format!("{ABOVE_LIB}{WRITE_RESULT_LIB}{STORE_RESULT_SHARED}")),
 });
 
 /// The result scripts of this crate.
@@ -60,7 +60,7 @@ pub fn scripts() -> &'static ResultScripts {
 
 impl ResultScripts {
     /// Every result script, for loading them up front.
-    pub fn all(&self) -> [&Script; 3] {
+    pub fn all(&self) -> [&LuaScript; 3] {
         [&self.store, &self.load, &self.store_shared]
     }
 }

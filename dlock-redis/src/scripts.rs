@@ -1,14 +1,15 @@
 //! How the lock scripts are composed and called: each is the text of its file under
-//! `src/lua/` behind the libraries it calls, sent with `EVALSHA` and loaded again when
-//! the server answers `NOSCRIPT` (after a restart or a `SCRIPT FLUSH`), optionally
-//! pipelined with `WAIT` for replicas. What the scripts answer is read by the types
-//! re-exported here.
+//! `src/lua/` behind the libraries it calls, sent with `EVALSHA`, and sent whole with
+//! `EVAL` (which also caches it there) when the server answers `NOSCRIPT`: after a
+//! restart or a `SCRIPT FLUSH`, and on a Cluster, whose nodes are not loaded up front
+//! (one may be down, or a replica promoted later). Calls are optionally pipelined with
+//! `WAIT` for replicas. What the scripts answer is read by the types re-exported here.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{cmd, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value};
+use redis::{cmd, Arg, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value};
 
 use crate::config::ReplicaAck;
 use crate::lua::{
@@ -19,35 +20,71 @@ pub use crate::replies::{
     parse_given_back, parse_inspect_queue, AcquireReply, GrantReply, HoldView, ReleaseReply, RenewReply,
 };
 
+/// One Lua script: its text and the SHA1 the server caches it under.
+pub struct LuaScript {
+    code: String,
+    script: Script,
+}
+
+impl std::fmt::Debug for LuaScript {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LuaScript").field("sha1", &self.script.get_hash()).finish_non_exhaustive()
+    }
+}
+
+impl LuaScript {
+    /// A script of this text, hashed once.
+    pub fn new(code: impl Into<String>) -> Self {
+        let code = code.into();
+        let script = Script::new(&code);
+        LuaScript { code, script }
+    }
+
+    /// The SHA1 of the text in hex, as `EVALSHA` names it.
+    pub fn get_hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// The text, as `EVAL` sends it.
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// `SCRIPT LOAD`s the script (on every node of a Cluster, all of which must answer).
+    pub async fn load_async<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<()> {
+        self.script.load_async(conn).await.map(drop)
+    }
+}
+
 /// The lock scripts, hashed once per process, each composed of the libraries it calls
 /// and its own text.
 pub struct Scripts {
     /// See `src/lua/acquire.lua`.
-    pub acquire: Script,
+    pub acquire: LuaScript,
     /// See `src/lua/renew.lua`.
-    pub renew: Script,
+    pub renew: LuaScript,
     /// See `src/lua/release.lua`.
-    pub release: Script,
+    pub release: LuaScript,
     /// See `src/lua/give_back.lua`.
-    pub give_back: Script,
+    pub give_back: LuaScript,
     /// See `src/lua/inspect.lua`.
-    pub inspect: Script,
+    pub inspect: LuaScript,
     /// See `src/lua/abandon.lua`.
-    pub abandon: Script,
+    pub abandon: LuaScript,
     /// See `src/lua/inspect_queue.lua` (the inspect script that counts the queue too).
-    pub inspect_queue: Script,
+    pub inspect_queue: LuaScript,
     /// See `src/lua/redlock/grant.lua` (one RedLock node's part of a grant).
-    pub grant: Script,
+    pub grant: LuaScript,
     /// See `src/lua/redlock/read_fence.lua` (one RedLock node's fence counter).
-    pub read_fence: Script,
+    pub read_fence: LuaScript,
     /// See `src/lua/acquire_shared.lua` (readers and permits).
-    pub acquire_shared: Script,
+    pub acquire_shared: LuaScript,
     /// See `src/lua/renew_shared.lua` (readers and permits).
-    pub renew_shared: Script,
+    pub renew_shared: LuaScript,
     /// See `src/lua/release_shared.lua` (readers and permits).
-    pub release_shared: Script,
+    pub release_shared: LuaScript,
     /// See `src/lua/give_back_shared.lua` (readers and permits).
-    pub give_back_shared: Script,
+    pub give_back_shared: LuaScript,
 }
 
 impl std::fmt::Debug for Scripts {
@@ -57,19 +94,19 @@ impl std::fmt::Debug for Scripts {
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let queued = |body: &str| Script::new(&format!("{QUEUE_LIB}{body}"));
-    let fenced = |body: &str| Script::new(&format!("{FENCE_LIB}{QUEUE_LIB}{body}"));
-    let leased = |body: &str| Script::new(&format!("{FENCE_LIB}{QUEUE_LIB}{LEASES_LIB}{body}"));
+    let queued = |body: &str| LuaScript::new(format!("{QUEUE_LIB}{body}"));
+    let fenced = |body: &str| LuaScript::new(format!("{FENCE_LIB}{QUEUE_LIB}{body}"));
+    let leased = |body: &str| LuaScript::new(format!("{FENCE_LIB}{QUEUE_LIB}{LEASES_LIB}{body}"));
     Scripts {
         acquire: fenced(ACQUIRE),
-        renew: Script::new(&format!("{FENCE_LIB}{RENEW}")),
+        renew: LuaScript::new(format!("{FENCE_LIB}{RENEW}")),
         release: fenced(RELEASE),
         give_back: queued(GIVE_BACK),
-        inspect: Script::new(&format!("{HOLD_LIB}{INSPECT}")),
+        inspect: LuaScript::new(format!("{HOLD_LIB}{INSPECT}")),
         abandon: queued(ABANDON),
-        inspect_queue: Script::new(&format!("{ABOVE_LIB}{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
-        grant: Script::new(&format!("{ABOVE_LIB}{REPORTED_FENCE_LIB}{GRANT}")),
-        read_fence: Script::new(&format!("{REPORTED_FENCE_LIB}{READ_FENCE}")),
+        inspect_queue: LuaScript::new(format!("{ABOVE_LIB}{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
+        grant: LuaScript::new(format!("{ABOVE_LIB}{REPORTED_FENCE_LIB}{GRANT}")),
+        read_fence: LuaScript::new(format!("{REPORTED_FENCE_LIB}{READ_FENCE}")),
         acquire_shared: leased(ACQUIRE_SHARED),
         renew_shared: leased(RENEW_SHARED),
         release_shared: leased(RELEASE_SHARED),
@@ -84,7 +121,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Every lock script, for loading them up front.
-    pub fn all(&self) -> [&Script; 13] {
+    pub fn all(&self) -> [&LuaScript; 13] {
         [
             &self.acquire,
             &self.renew,
@@ -103,7 +140,7 @@ impl Scripts {
     }
 
     /// `SCRIPT LOAD`s every lock script (on every node of a Cluster), so that the first
-    /// call of each is a plain `EVALSHA`. Scripts built on this layer (the stored
+    /// call of each is a plain `EVALSHA` (a node that lacks one is sent it whole). Scripts built on this layer (the stored
     /// results') are not among them: a client loads those beside these when it connects.
     pub async fn load_all<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<()> {
         for script in self.all() {
@@ -116,7 +153,7 @@ impl Scripts {
 /// One `EVALSHA` of a script with its keys and arguments, built once and sent as often
 /// as needed.
 pub struct Invocation {
-    script: &'static Script,
+    script: &'static LuaScript,
     cmd: Cmd,
 }
 
@@ -128,7 +165,7 @@ impl std::fmt::Debug for Invocation {
 
 impl Invocation {
     /// `EVALSHA <sha> <number of keys> <keys...>`; add the arguments with [`arg`](Self::arg).
-    pub fn new(script: &'static Script, keys: &[&str]) -> Self {
+    pub fn new(script: &'static LuaScript, keys: &[&str]) -> Self {
         let mut cmd = cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
         Invocation { script, cmd }
@@ -162,12 +199,26 @@ impl Invocation {
 
     async fn run_once<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<Value> {
         match self.cmd.query_async(conn).await {
+            // Sent whole to the node that lacks it (routed by its first key, as the
+            // `EVALSHA` was), not loaded on every node: one node down would fail that.
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.load_async(conn).await?;
-                self.cmd.query_async(conn).await
+                tracing::debug!(sha1 = self.script.get_hash(), "the server lacks a script; sending it whole");
+                self.eval().query_async(conn).await
             }
             other => other,
         }
+    }
+
+    /// The same call as `EVAL <text>`: the `EVALSHA` command with its hash replaced.
+    fn eval(&self) -> Cmd {
+        let mut eval = cmd("EVAL");
+        eval.arg(self.script.code());
+        for arg in self.cmd.args_iter().skip(2) {
+            if let Arg::Simple(bytes) = arg {
+                eval.arg(bytes);
+            }
+        }
+        eval
     }
 }
 

@@ -1,6 +1,7 @@
 //! A Redis Cluster of three masters: locks whose keys hash to slots on every node are
 //! acquired, contended, handed off (the release message crosses nodes) and released, as
-//! readers, writers and permits too.
+//! readers, writers and permits too; and a node down neither fails a connect nor a node
+//! that lacks the scripts.
 
 mod support;
 
@@ -123,4 +124,39 @@ async fn locks_on_every_node_of_a_cluster() {
         other.release().await.unwrap();
         assert!(a.inspect(name).await.unwrap().holder.is_none());
     }
+}
+
+/// One node of three is down: a client still connects (no script load has to reach
+/// every node), and locks names whose slot a live node serves, also where that node has
+/// lost its scripts (as a replica promoted after the client connected would lack them):
+/// the node is sent each script whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_fails_neither_the_connect_nor_a_node_without_scripts() {
+    let mut cluster =
+        tokio::task::spawn_blocking(|| RedisCluster::start(3)).await.unwrap().expect("start a 3-master cluster");
+    let config = RedisConfig::from_url(&cluster.url())
+        .unwrap()
+        .with_op_timeout(support::OP_TIMEOUT)
+        .with_connect_timeout(Duration::from_secs(5));
+    let before = dlock_redis::connect(config.clone()).await.expect("connect with every node up");
+    let name = LockName::new("cluster/node-down").unwrap();
+    let slot = slot_of(&cluster, &KeyLayout::new("dlock").unwrap().lock(&name).hold);
+    let ranges = owners(&cluster);
+    let serving = ranges.iter().find(|(start, end, _)| (*start..=*end).contains(&slot)).expect("slot served").2;
+    let down = cluster.addrs().iter().position(|addr| addr.port() != serving).expect("another node");
+    let serving = cluster.addrs().into_iter().find(|addr| addr.port() == serving).expect("the serving node");
+    // Frozen, as a host that stopped answering: its connections stay open.
+    cluster.nodes_mut()[down].process().pause().expect("freeze a node");
+    cli(serving, &["SCRIPT", "FLUSH"]).expect("flush the serving node's scripts");
+
+    let after = dlock_redis::connect(config).await.expect("connect with a node down");
+    let opts = LockOptions::watchdog(Duration::from_secs(30)).wait(Duration::from_secs(5));
+    for (client, which) in [(&after, "connected with a node down"), (&before, "connected before")] {
+        let lease = client.acquire(&name, &opts).await.unwrap_or_else(|e| panic!("the client {which}: {e}"));
+        let holder = client.inspect(&name).await.unwrap().holder.expect("held");
+        assert_eq!(holder.token, lease.token());
+        lease.release().await.unwrap_or_else(|e| panic!("release, by the client {which}: {e}"));
+        cli(serving, &["SCRIPT", "FLUSH"]).expect("flush again");
+    }
+    cluster.nodes_mut()[down].process().resume().expect("thaw the node");
 }

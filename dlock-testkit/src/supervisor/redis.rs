@@ -270,7 +270,9 @@ impl RedisGroup<Cluster> {
 }
 
 /// A cluster node's bus port is its own free port (not port + 10000, which may be taken
-/// or out of range); a start that loses a port race is retried with fresh ports.
+/// or out of range); a start that loses a port race is retried with fresh ports. The
+/// nodes serve their slots while another is down (`cluster-require-full-coverage no`),
+/// as a production cluster whose failed primary has a replica to promote would.
 fn start_cluster_node() -> io::Result<RedisServer> {
     retry(5, || {
         let bus = free_port()?;
@@ -283,6 +285,8 @@ fn start_cluster_node() -> io::Result<RedisServer> {
                 "nodes.conf",
                 "--cluster-node-timeout",
                 "2000",
+                "--cluster-require-full-coverage",
+                "no",
                 "--cluster-port",
                 &bus.to_string(),
             ]
