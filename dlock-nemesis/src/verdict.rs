@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use dlock::HoldKind;
+use dlock::{FencingToken, HoldKind};
 use dlock_conformance::history::{Event, History, HoldSpan, Op, Phase};
 use serde_json::json;
 
@@ -98,6 +98,9 @@ pub(crate) struct Verdict {
     pub(crate) overlaps_silent: usize,
     pub(crate) token_regressions: Vec<(HoldSpan, HoldSpan)>,
     pub(crate) stale_writes_accepted: Vec<(Duration, u64)>,
+    /// For each of those, what made it stale: the writer's last claim before it and the
+    /// newer hold granted before the register applied it.
+    pub(crate) stale_writes_why: Vec<String>,
     /// A holder claimed its lease valid until a time after another holder was granted
     /// beside it (one that excludes it, or one too many permits), with no clock fault to
     /// explain it: the backend broke its own promise.
@@ -220,6 +223,11 @@ impl Verdict {
             overlaps_silent,
             token_regressions: report.token_regressions,
             stale_writes_accepted: report.stale_writes.iter().map(|(at, t)| (*at, t.get())).collect(),
+            stale_writes_why: report
+                .stale_writes
+                .iter()
+                .map(|&(at, token)| stale_why(&holds, claims, at, token))
+                .collect(),
             broken_claims: strip(broken_claims),
             clock_broken_claims: strip(clock_broken_claims),
             writes: (accepted, refused),
@@ -342,6 +350,17 @@ fn broken_claims(holds: &[HoldSpan], claims: &[Claim]) -> Vec<(Claim, HoldSpan, 
     broken
 }
 
+/// A stale write in words: its token and when the register applied it, the writer's
+/// last claim of validity before it (when it checked, and until when), and the newer
+/// hold granted before the write was applied.
+fn stale_why(holds: &[HoldSpan], claims: &[Claim], at: Duration, token: FencingToken) -> String {
+    let claim = claims.iter().filter(|c| c.token == token && c.at <= at).max_by_key(|c| c.at);
+    let newer = holds.iter().find(|h| h.token > token && h.start <= at);
+    let claim = claim
+        .map_or_else(|| "no claim".to_string(), |c| format!("checked at {:?}, valid until {:?}", c.at, c.valid_until));
+    format!("token {token} applied at {at:?} ({claim}) after {newer:?}")
+}
+
 /// Runs of a key's work that began after a result of that key had been stored and
 /// acknowledged (a `ran`, or a `stored` answer).
 fn repeated_work(work: &[WorkEvent]) -> Vec<WorkEvent> {
@@ -412,6 +431,9 @@ impl fmt::Display for Verdict {
         }
         for (a, b) in self.token_regressions.iter().take(5) {
             writeln!(f, "  token regression: {a:?} then {b:?}")?;
+        }
+        for why in self.stale_writes_why.iter().take(5) {
+            writeln!(f, "  stale write: {why}")?;
         }
         for (claim, newer) in self.broken_claims.iter().take(5) {
             writeln!(f, "  broken claim: {claim:?}, while {newer:?}")?;
