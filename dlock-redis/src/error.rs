@@ -132,4 +132,27 @@ mod tests {
             assert!(matches!(to_lock_error(server_error(text)), LockError::Refused { .. }), "{text}");
         }
     }
+
+    #[test]
+    fn servers_that_may_no_longer_be_the_master_suggest_a_failover_also_from_inside_a_script() {
+        for (code, message) in [
+            ("READONLY", "You can't write against a read only replica."),
+            ("MASTERDOWN", "Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+            ("NOREPLICAS", "Not enough good replicas to write."),
+            ("LOADING", "Redis is loading the dataset in memory"),
+        ] {
+            // As Redis 7 returns it, also from a script (with the script named after it).
+            let plain = format!("{code} {message} script: f_0123, on @user_script:1.");
+            // As Redis 6 wraps the error a script's call raised.
+            let wrapped = format!("ERR Error running script (call to f_0123): @user_script:1: -{code} {message}");
+            for text in [plain, wrapped] {
+                let err = server_error(&text);
+                assert!(suggests_failover(&err), "{text}: {:?}", err.kind());
+                assert!(is_transient(&err), "{text}");
+            }
+        }
+        for text in ["ERR wrong number of arguments", "BUSY Redis is busy running a script.", "NOPERM no permissions"] {
+            assert!(!suggests_failover(&server_error(text)), "{text}");
+        }
+    }
 }
