@@ -2,25 +2,22 @@
 //! (to one server, a Cluster, or the master a Sentinel names), and the means to open a
 //! connection to a single node for pub/sub.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisFuture,
     RedisResult, TlsCertificates, TlsMode, Value,
 };
 
-use dlock_core::backend::lock_unpoisoned;
 use dlock_core::{ConnectConfig, LockError};
 
 use crate::access::AccessConfig;
 use crate::config::{Node, RedisConfig, Topology};
-use crate::error::{suggests_failover, to_lock_error};
+use crate::error::to_lock_error;
+use crate::sentinel::{MasterChanges, SentinelConnection, SentinelMaster};
 use crate::{results, scripts};
 
 /// Reconnection attempts after a connection broke (each bounded by the connect
@@ -41,7 +38,7 @@ pub enum RedisConnection {
     Single(ConnectionManager),
     /// A Cluster: one connection per node, commands routed by slot.
     Cluster(ClusterConnection),
-    /// The master a Sentinel names, looked up again after a failure.
+    /// The master a Sentinel names, followed to a new one after a failover.
     Sentinel(SentinelConnection),
 }
 
@@ -93,7 +90,7 @@ impl RedisConnection {
     /// looked up again. Elsewhere nothing happens.
     pub fn suspect_failover(&self) {
         if let RedisConnection::Sentinel(conn) = self {
-            conn.resolve_again();
+            conn.look_up_again();
         }
     }
 }
@@ -106,8 +103,8 @@ pub enum NodeSource {
     Single(Box<Client>),
     /// The Cluster's seed nodes, tried in turn.
     Cluster(Vec<Client>),
-    /// Sentinel's current master.
-    Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
+    /// The master a Sentinel names now, which the command connections follow too.
+    Sentinel(SentinelMaster),
 }
 
 impl std::fmt::Debug for NodeSource {
@@ -123,12 +120,21 @@ impl std::fmt::Debug for NodeSource {
 
 impl NodeSource {
     /// A client for a node; `attempt` counts the failures so far, to rotate through
-    /// Cluster seeds.
+    /// Cluster seeds (and, through Sentinel, to look the master up again).
     pub async fn client(&self, attempt: usize) -> RedisResult<Client> {
         match self {
             NodeSource::Single(client) => Ok((**client).clone()),
             NodeSource::Cluster(clients) => Ok(clients[attempt % clients.len()].clone()),
-            NodeSource::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await,
+            NodeSource::Sentinel(master) => Ok(master.client(attempt)),
+        }
+    }
+
+    /// Changes of the node a connection should be open to: a new master through
+    /// Sentinel; never, elsewhere.
+    pub(crate) fn changes(&self) -> MasterChanges {
+        match self {
+            NodeSource::Sentinel(master) => master.changes(),
+            NodeSource::Single(_) | NodeSource::Cluster(_) => MasterChanges::none(),
         }
     }
 }
@@ -147,11 +153,45 @@ pub(crate) async fn connect(config: &RedisConfig) -> Result<Connected, LockError
     connect_and_check(config, true).await
 }
 
-/// `count` more command connections as [`connect`] opens, for the grants and renewals
-/// that wait for replicas (`WAIT` blocks its connection).
-pub(crate) async fn connect_more(config: &RedisConfig, count: usize) -> Result<Vec<RedisConnection>, LockError> {
-    let opened = futures::future::join_all((0..count).map(|_| connect_and_check(config, false))).await;
-    opened.into_iter().map(|connected| connected.map(|c| c.commands)).collect()
+/// `count` more command connections beside `connected`'s, for the grants and renewals
+/// that wait for replicas (`WAIT` blocks its connection). Through Sentinel they follow
+/// the master `connected` follows.
+pub(crate) async fn connect_more(
+    config: &RedisConfig,
+    connected: &Connected,
+    count: usize,
+) -> Result<Vec<RedisConnection>, LockError> {
+    let opened = match &connected.nodes {
+        NodeSource::Sentinel(master) => {
+            futures::future::join_all((0..count).map(|_| connect_to_master(config, master))).await
+        }
+        NodeSource::Single(_) | NodeSource::Cluster(_) => {
+            let opened = futures::future::join_all((0..count).map(|_| connect_and_check(config, false))).await;
+            opened.into_iter().map(|connected| connected.map(|c| c.commands)).collect()
+        }
+    };
+    opened.into_iter().collect()
+}
+
+/// Another command connection to the master `master` follows, with the scripts loaded,
+/// within the connect timeout.
+async fn connect_to_master(config: &RedisConfig, master: &SentinelMaster) -> Result<RedisConnection, LockError> {
+    let timeout = config.connect_timeout();
+    let attempt = async {
+        let mut conn = RedisConnection::Sentinel(master.another_connection().await?);
+        load_scripts(&mut conn).await?;
+        Ok::<_, redis::RedisError>(conn)
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(err)) => Err(match to_lock_error(err) {
+            LockError::Unavailable { source: Some(cause), .. } => {
+                LockError::unavailable_because("cannot connect", cause)
+            }
+            other => other,
+        }),
+        Err(_) => Err(LockError::unavailable(format!("cannot connect within {timeout:?}"))),
+    }
 }
 
 async fn connect_and_check(config: &RedisConfig, check: bool) -> Result<Connected, LockError> {
@@ -266,11 +306,11 @@ fn prepare_tls(config: &RedisConfig) -> Result<Option<Vec<u8>>, LockError> {
 }
 
 /// The CA certificates to trust, when not the system's.
-fn certificates(ca: Option<&[u8]>) -> Option<TlsCertificates> {
+pub(crate) fn certificates(ca: Option<&[u8]>) -> Option<TlsCertificates> {
     ca.map(|pem| TlsCertificates { client_tls: None, root_cert: Some(pem.to_vec()) })
 }
 
-fn client(info: ConnectionInfo, ca: Option<&[u8]>) -> RedisResult<Client> {
+pub(crate) fn client(info: ConnectionInfo, ca: Option<&[u8]>) -> RedisResult<Client> {
     match certificates(ca) {
         Some(certs) => Client::build_with_tls(info, certs),
         None => Client::open(info),
@@ -315,38 +355,17 @@ async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected>
             let clients = infos.into_iter().map(|info| client(info, ca)).collect::<RedisResult<Vec<_>>>()?;
             Ok(Connected { commands: RedisConnection::Cluster(conn), nodes: NodeSource::Cluster(clients) })
         }
-        Topology::Sentinel { sentinels, master } => {
-            let addrs = sentinels.iter().map(|node| node_addr(node, config.tls()));
-            let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?
-                .set_client_to_redis_db(config.db());
-            if let Some(user) = config.user() {
-                builder = builder.set_client_to_redis_username(user);
-            }
-            if let Some(password) = config.password() {
-                builder = builder.set_client_to_redis_password(password);
-            }
-            if let Some(user) = config.sentinel_user() {
-                builder = builder.set_client_to_sentinel_username(user);
-            }
-            if let Some(password) = config.sentinel_password() {
-                builder = builder.set_client_to_sentinel_password(password);
-            }
-            if config.tls() {
-                builder = builder
-                    .set_client_to_redis_tls_mode(TlsMode::Secure)
-                    .set_client_to_sentinel_tls_mode(TlsMode::Secure);
-            }
-            if let (Some(redis), Some(sentinel)) = (certificates(ca), certificates(ca)) {
-                builder = builder.set_client_to_redis_certificates(redis).set_client_to_sentinel_certificates(sentinel);
-            }
-            let sentinel = Arc::new(tokio::sync::Mutex::new(builder.build()?));
-            let conn = SentinelConnection::connect(sentinel.clone(), config).await?;
-            Ok(Connected { commands: RedisConnection::Sentinel(conn), nodes: NodeSource::Sentinel(sentinel) })
+        Topology::Sentinel { .. } => {
+            let master = SentinelMaster::connect(config, ca).await?;
+            Ok(Connected {
+                commands: RedisConnection::Sentinel(master.connection()),
+                nodes: NodeSource::Sentinel(master),
+            })
         }
     }
 }
 
-fn manager_config(config: &RedisConfig) -> ConnectionManagerConfig {
+pub(crate) fn manager_config(config: &RedisConfig) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout()))
         .set_response_timeout(None)
@@ -355,7 +374,7 @@ fn manager_config(config: &RedisConfig) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(200))
 }
 
-fn node_addr(node: &Node, tls: bool) -> ConnectionAddr {
+pub(crate) fn node_addr(node: &Node, tls: bool) -> ConnectionAddr {
     if tls {
         ConnectionAddr::TcpTls { host: node.host.clone(), port: node.port, insecure: false, tls_params: None }
     } else {
@@ -384,104 +403,6 @@ fn describe(config: &RedisConfig) -> String {
         Topology::Single(node) => node.to_string(),
         Topology::Cluster(nodes) => format!("cluster {}", list(nodes)),
         Topology::Sentinel { sentinels, master } => format!("master {master:?} of sentinels {}", list(sentinels)),
-    }
-}
-
-/// A connection to the master a Sentinel names. When a command fails in a way that
-/// suggests a failover (the connection broke, the server became a read-only replica),
-/// the master is looked up again in the background and later commands go to it.
-#[derive(Clone)]
-pub struct SentinelConnection {
-    inner: Arc<SentinelInner>,
-}
-
-impl std::fmt::Debug for SentinelConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelConnection").finish_non_exhaustive()
-    }
-}
-
-struct SentinelInner {
-    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
-    current: Mutex<ConnectionManager>,
-    resolving: AtomicBool,
-    manager_config: ConnectionManagerConfig,
-    connect_timeout: Duration,
-}
-
-impl SentinelConnection {
-    async fn connect(sentinel: Arc<tokio::sync::Mutex<SentinelClient>>, config: &RedisConfig) -> RedisResult<Self> {
-        let client = sentinel.lock().await.async_get_client().await?;
-        let manager_config = manager_config(config);
-        let manager = ConnectionManager::new_with_config(client, manager_config.clone()).await?;
-        Ok(SentinelConnection {
-            inner: Arc::new(SentinelInner {
-                sentinel,
-                current: Mutex::new(manager),
-                resolving: AtomicBool::new(false),
-                manager_config,
-                connect_timeout: config.connect_timeout(),
-            }),
-        })
-    }
-
-    fn current(&self) -> ConnectionManager {
-        lock_unpoisoned(&self.inner.current).clone()
-    }
-
-    fn after<T>(&self, result: &RedisResult<T>) {
-        if let Err(err) = result {
-            if suggests_failover(err) {
-                self.resolve_again();
-            }
-        }
-    }
-
-    /// Looks the master up again, once at a time.
-    fn resolve_again(&self) {
-        if self.inner.resolving.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let inner = self.inner.clone();
-        tokio::spawn(async move {
-            let lookup = async {
-                let client = inner.sentinel.lock().await.async_get_client().await?;
-                ConnectionManager::new_lazy_with_config(client, inner.manager_config.clone())
-            };
-            match tokio::time::timeout(inner.connect_timeout, lookup).await {
-                Ok(Ok(manager)) => *lock_unpoisoned(&inner.current) = manager,
-                Ok(Err(err)) => tracing::debug!(%err, "looking up the Redis master through Sentinel failed"),
-                Err(_) => tracing::debug!("looking up the Redis master through Sentinel timed out"),
-            }
-            inner.resolving.store(false, Ordering::SeqCst);
-        });
-    }
-}
-
-impl ConnectionLike for SentinelConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let result = self.current().send_packed_command(cmd).await;
-            self.after(&result);
-            result
-        })
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let result = self.current().send_packed_commands(pipeline, offset, count).await;
-            self.after(&result);
-            result
-        })
-    }
-
-    fn get_db(&self) -> i64 {
-        self.current().get_db()
     }
 }
 

@@ -16,6 +16,11 @@ pub(crate) fn to_lock_error(err: RedisError) -> LockError {
     }
 }
 
+/// Whether the server refused this client for its credentials or its ACL.
+pub(crate) fn is_refused(err: &RedisError) -> bool {
+    refusal(err).is_some()
+}
+
 /// Why the server refused this client for its credentials ([`LockError::Refused`]).
 fn refusal(err: &RedisError) -> Option<&'static str> {
     if err.kind() == ErrorKind::AuthenticationFailed || has_code(err, &["WRONGPASS"]) {

@@ -260,6 +260,7 @@ pub mod redlock;
 mod replies;
 pub mod results;
 pub mod scripts;
+mod sentinel;
 
 use dlock_core::{Client, LockError};
 
@@ -295,7 +296,9 @@ pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
     let named = |err: LockError| err.at(|| config.target());
     let connected = connection::connect(&config).await.map_err(named)?;
     let replica_ack = match config.replica_ack() {
-        Some(ack) => Some((ack, connection::connect_more(&config, ACKED_CONNECTIONS).await.map_err(named)?)),
+        Some(ack) => {
+            Some((ack, connection::connect_more(&config, &connected, ACKED_CONNECTIONS).await.map_err(named)?))
+        }
         None => None,
     };
     let subscriptions = pubsub::Subscriptions::start(connected.nodes, config.connect_timeout(), config.op_timeout());

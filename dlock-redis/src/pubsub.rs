@@ -9,7 +9,8 @@
 //!
 //! A task owns the connection: it connects on the first subscription, subscribes and
 //! unsubscribes in the order waiters come and go, checks the connection with a `PING`
-//! now and then, and reconnects (resubscribing everything) when it breaks.
+//! now and then, and reconnects (resubscribing everything) when it breaks, or, through
+//! Sentinel, when the client moves to a new master: releases are published there.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,6 +21,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::connection::NodeSource;
+use crate::sentinel::MasterChanges;
 
 /// How often an idle pub/sub connection is checked with a `PING`.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -243,6 +245,8 @@ enum Ended {
     Closed,
     /// The connection broke.
     Broken,
+    /// The master moved (through Sentinel): releases are published on the new one now.
+    Moved,
 }
 
 impl Task {
@@ -254,10 +258,13 @@ impl Task {
         };
         let mut failures = 0usize;
         let mut reconnecting = false;
+        let mut moves = self.nodes.changes();
         loop {
             // A waiter answered while no connection was up may have missed a release;
             // on the very first connection every waiter is still waiting for its answer.
             let wake_all = reconnecting || failures > 0;
+            // Seen before the node is chosen: a move after this one reconnects again.
+            moves.seen();
             let (sink, stream) = match self.connect(failures, wake_all).await {
                 Some(connection) => connection,
                 None => {
@@ -273,9 +280,10 @@ impl Task {
             };
             failures = 0;
             reconnecting = true;
-            match self.serve(sink, stream, &mut requests, &mut pending).await {
+            match self.serve(sink, stream, &mut requests, &mut pending, &mut moves).await {
                 Ended::Closed => return,
                 Ended::Broken => tracing::debug!("the Redis pub/sub connection broke; reconnecting"),
+                Ended::Moved => tracing::debug!("the Redis master changed; moving the pub/sub connection to it"),
             }
         }
     }
@@ -339,6 +347,7 @@ impl Task {
         mut stream: PubSubStream,
         requests: &mut mpsc::UnboundedReceiver<Request>,
         pending: &mut Option<Request>,
+        moves: &mut MasterChanges,
     ) -> Ended {
         let mut health = tokio::time::interval(HEALTH_CHECK_EVERY);
         health.reset();
@@ -363,6 +372,12 @@ impl Task {
                             Ok(Ok(_)) => None,
                             _ => return self.broken(),
                         }
+                    }
+                    () = moves.changed() => {
+                        return match self.broken() {
+                            Ended::Broken => Ended::Moved,
+                            closed => closed,
+                        };
                     }
                 },
             };
