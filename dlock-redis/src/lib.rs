@@ -227,13 +227,22 @@
 //! fencing token check in the protected resource, or use RedLock, ZooKeeper or etcd.
 //!
 //! Through Sentinel (`redis+sentinel://`), the client asks the Sentinels for the master
-//! and asks again when a command fails in a way that suggests a failover (a broken
-//! connection, `READONLY`, `MASTERDOWN`, `NOREPLICAS`, `LOADING`, also inside a script).
-//! An old master cut off from the Sentinels with this client on its side keeps taking
-//! writes unless it runs with `min-replicas-to-write`: then two clients can hold one lock
-//! (one on each master), with the same token. Configure `min-replicas-to-write 1` (the
-//! old master then answers `NOREPLICAS`, which sends the client to the Sentinels), and
-//! keep the fencing check in the resource. On a Cluster
+//! and follows it to a new one. It subscribes on every Sentinel of the URL to the events
+//! that name a new master of its group (`+promoted-slave` from the Sentinel leading a
+//! failover, `+switch-master` from every Sentinel), asks the master for its `ROLE` every
+//! second, and asks the Sentinels again when a command fails in a way that suggests a
+//! failover (a broken connection, `READONLY`, `MASTERDOWN`, `NOREPLICAS`, `LOADING`, also
+//! inside a script). Its command connections and its waiters' pub/sub connection move
+//! together. So a failover that raises no error on the client's connections (the old
+//! master keeps running, and takes writes until the Sentinels demote it seconds later)
+//! moves idle and waiting clients alike to the new master as soon as the Sentinels name
+//! it; list every Sentinel in the URL, since only the leader of a failover announces the
+//! promotion. A client that hears from no Sentinel (cut off from them together with the
+//! old master) still writes to the old master unless it runs with
+//! `min-replicas-to-write`: then two clients can hold one lock (one on each master), with
+//! the same token. Configure `min-replicas-to-write 1` (the old master then answers
+//! `NOREPLICAS`, which sends the client to the Sentinels), and keep the fencing check in
+//! the resource. On a Cluster
 //! (`redis+cluster://`) commands are routed by slot; a lock's keys share one slot, and
 //! release messages reach subscribers on any node.
 //!
