@@ -4,7 +4,7 @@
 //!
 //! | what | name | type | lasts |
 //! |---|---|---|---|
-//! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token, `grant:<request id>` → 1 per grant. Held by readers or permits instead: `kind` → `shared` or `permit`, `token` → the newest grant's token, and per hold (its [hold id](hold_id)) `holder:<hold id>` → its token, `count:<hold id>` → its grants, `permits:<hold id>` → the number of permits it asked for (permits only), per grant `request:<request id>` → its hold id | the hold's ttl (PEXPIRE); held by readers or permits, the last lease (PEXPIREAT) |
+//! | the hold | `dlock:{orders%2F42}` | hash: `owner:<owner id>` → hold count, `token` → fencing token, `grant:<request id>` → 1 per grant, `extended` → the grant that last lengthened the hold and the expiry it found (see [`EXTENDED_FIELD`]). Held by readers or permits instead: `kind` → `shared` or `permit`, `token` → the newest grant's token, and per hold (its [hold id](hold_id)) `holder:<hold id>` → its token, `count:<hold id>` → its grants, `permits:<hold id>` → the number of permits it asked for (permits only), per grant `request:<request id>` → its hold id | the hold's ttl (PEXPIRE); held by readers or permits, the last lease (PEXPIREAT) |
 //! | the fence counter | `dlock:{orders%2F42}:fence` | string counter: the last token given | the keep time (`keep_idle`, an hour by default) from the name's last grant, renewal or release; a grant that finds it missing starts it from the server's clock in µs |
 //! | the leases of shared holds and permits | `dlock:{orders%2F42}:leases` | sorted set: hold id → when its hold lapses (ms since the epoch, server clock); exists only beside a hold hash of shared holds or permits | the last lease (PEXPIREAT) |
 //! | a given-back request | `dlock:{orders%2F42}:void:<request id>` | string: refuses a late delivery of an acquire whose grant was given back | the request's ttl |
@@ -46,6 +46,14 @@ pub const OWNER_FIELD_PREFIX: &str = "owner:";
 /// recorded under the request that made it, so that it can be released or given back
 /// once, and only it.
 pub const GRANT_FIELD_PREFIX: &str = "grant:";
+
+/// The field of an exclusive hold hash that names the grant which last lengthened the
+/// hold and the expiry the hold had before (`extended` → `<grant field> <unix ms>`), so
+/// that giving that grant back, or releasing it, puts the expiry back while no other
+/// grant or renewal has counted on it since. Without it, an owner's acquire that
+/// re-enters a hold left on a RedLock node by a lease it lost, and gives the re-entry back
+/// because its round lost, would keep that hold one more ttl per attempt.
+pub const EXTENDED_FIELD: &str = "extended";
 
 /// The field of a hold hash of shared holds or permits that names their kind (`shared`
 /// or `permit`); an exclusive hold has none.

@@ -47,6 +47,8 @@
 //! ```text
 //! dlock:{orders%2F42}           hash  owner:<owner id> -> hold count, token -> 17,
 //!                                     grant:<request id> -> 1 per grant           (PEXPIRE ttl)
+//!                                     extended -> <grant field> <expiry it found>, while the
+//!                                     grant that last lengthened the hold may be undone
 //! dlock:{orders%2F42}:fence     string 17                            (PEXPIRE keep_idle, from each use)
 //! dlock:{orders%2F42}:leases    zset  hold id -> when its reader's share or permit lapses
 //! dlock:{orders%2F42}:void:<request id>  a request given back                     (PEXPIRE ttl)

@@ -9,6 +9,8 @@
 
 pub(crate) const ABOVE_LIB: &str = include_str!("lua/lib/above.lua");
 pub(crate) const HOLD_LIB: &str = include_str!("lua/lib/hold.lua");
+pub(crate) const CLOCK_LIB: &str = include_str!("lua/lib/clock.lua");
+pub(crate) const LENGTHEN_LIB: &str = include_str!("lua/lib/lengthen.lua");
 pub(crate) const FENCE_LIB: &str = include_str!("lua/lib/fence.lua");
 pub(crate) const QUEUE_LIB: &str = include_str!("lua/lib/queue.lua");
 pub(crate) const LEASES_LIB: &str = include_str!("lua/lib/leases.lua");
@@ -40,13 +42,15 @@ mod tests {
 
     use super::*;
     use crate::keys::{
-        COUNT_FIELD_PREFIX, HOLDER_FIELD_PREFIX, HOLD_ID_SEPARATOR, KIND_FIELD, OWNER_FIELD_PREFIX,
+        COUNT_FIELD_PREFIX, EXTENDED_FIELD, HOLDER_FIELD_PREFIX, HOLD_ID_SEPARATOR, KIND_FIELD, OWNER_FIELD_PREFIX,
         PERMITS_FIELD_PREFIX, REQUEST_FIELD_PREFIX, TOKEN_FIELD,
     };
 
-    const ALL: [&str; 23] = [
+    const ALL: [&str; 25] = [
         ABOVE_LIB,
         HOLD_LIB,
+        CLOCK_LIB,
+        LENGTHEN_LIB,
         FENCE_LIB,
         QUEUE_LIB,
         LEASES_LIB,
@@ -111,6 +115,7 @@ mod tests {
             assert!(code(script).contains(&format!("'{TOKEN_FIELD}'")));
         }
         assert!(code(HOLD_LIB).contains(&format!("'{OWNER_FIELD_PREFIX}'")));
+        assert_eq!(code(LENGTHEN_LIB).matches(&format!("'{EXTENDED_FIELD}'")).count(), 4);
         assert!(code(HOLD_LIB).contains(&format!("string.sub(field, {})", OWNER_FIELD_PREFIX.len() + 1)));
     }
 

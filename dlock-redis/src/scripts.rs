@@ -13,8 +13,9 @@ use redis::{cmd, Arg, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRe
 
 use crate::config::ReplicaAck;
 use crate::lua::{
-    ABANDON, ABOVE_LIB, ACQUIRE, ACQUIRE_SHARED, FENCE_LIB, GIVE_BACK, GIVE_BACK_SHARED, GRANT, HOLD_LIB, INSPECT,
-    INSPECT_QUEUE, LEASES_LIB, QUEUE_LIB, READ_FENCE, RELEASE, RELEASE_SHARED, RENEW, RENEW_SHARED, REPORTED_FENCE_LIB,
+    ABANDON, ABOVE_LIB, ACQUIRE, ACQUIRE_SHARED, CLOCK_LIB, FENCE_LIB, GIVE_BACK, GIVE_BACK_SHARED, GRANT, HOLD_LIB,
+    INSPECT, INSPECT_QUEUE, LEASES_LIB, LENGTHEN_LIB, QUEUE_LIB, READ_FENCE, RELEASE, RELEASE_SHARED, RENEW,
+    RENEW_SHARED, REPORTED_FENCE_LIB,
 };
 pub use crate::replies::{
     parse_given_back, parse_inspect_queue, AcquireReply, GrantReply, HoldView, ReleaseReply, RenewReply,
@@ -94,18 +95,18 @@ impl std::fmt::Debug for Scripts {
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let queued = |body: &str| LuaScript::new(format!("{QUEUE_LIB}{body}"));
-    let fenced = |body: &str| LuaScript::new(format!("{FENCE_LIB}{QUEUE_LIB}{body}"));
-    let leased = |body: &str| LuaScript::new(format!("{FENCE_LIB}{QUEUE_LIB}{LEASES_LIB}{body}"));
+    let queued = |body: &str| LuaScript::new(format!("{CLOCK_LIB}{QUEUE_LIB}{LENGTHEN_LIB}{body}"));
+    let fenced = |body: &str| LuaScript::new(format!("{FENCE_LIB}{CLOCK_LIB}{QUEUE_LIB}{LENGTHEN_LIB}{body}"));
+    let leased = |body: &str| LuaScript::new(format!("{FENCE_LIB}{CLOCK_LIB}{QUEUE_LIB}{LEASES_LIB}{body}"));
     Scripts {
         acquire: fenced(ACQUIRE),
-        renew: LuaScript::new(format!("{FENCE_LIB}{RENEW}")),
+        renew: LuaScript::new(format!("{FENCE_LIB}{CLOCK_LIB}{LENGTHEN_LIB}{RENEW}")),
         release: fenced(RELEASE),
         give_back: queued(GIVE_BACK),
         inspect: LuaScript::new(format!("{HOLD_LIB}{INSPECT}")),
         abandon: queued(ABANDON),
-        inspect_queue: LuaScript::new(format!("{ABOVE_LIB}{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
-        grant: LuaScript::new(format!("{ABOVE_LIB}{REPORTED_FENCE_LIB}{GRANT}")),
+        inspect_queue: LuaScript::new(format!("{ABOVE_LIB}{CLOCK_LIB}{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
+        grant: LuaScript::new(format!("{ABOVE_LIB}{REPORTED_FENCE_LIB}{CLOCK_LIB}{LENGTHEN_LIB}{GRANT}")),
         read_fence: LuaScript::new(format!("{REPORTED_FENCE_LIB}{READ_FENCE}")),
         acquire_shared: leased(ACQUIRE_SHARED),
         renew_shared: leased(RENEW_SHARED),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dlock_conformance::properties::eventually;
 use dlock_conformance::{Fixture, Link};
-use dlock_core::{LockError, LockName, LockOptions, Locker};
+use dlock_core::{LockError, LockName, LockOptions, Locker, OwnerId};
 use dlock_redis::redlock::{self, RedLockLocker};
 use dlock_redis::ConnectConfig;
 use support::redlock::{RedLockFixture, MASTERS};
@@ -133,4 +133,51 @@ async fn silent_masters_cost_the_node_timeout_not_the_ttl() {
     let next = other.try_acquire(&name, &LockOptions::watchdog(TTL)).await.expect("try_acquire");
     let next = next.expect("the lock is free after the failed attempt gave back its partial grant");
     next.release().await.expect("release");
+}
+
+/// A hold that a lost lease left on a minority of the masters is not kept alive by its
+/// owner's later acquires: the re-entry that the winning round gives back on those
+/// masters puts their hold back to the expiry it had, where before each attempt
+/// lengthened it by the attempt's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentry_given_back_leaves_a_leftover_hold_its_expiry() {
+    dlock_conformance::init_tracing();
+    let fixture = RedLockFixture::new();
+    let owner = OwnerId::new("leftover-owner").unwrap();
+    let name = LockName::new("quorum/leftover").unwrap();
+    let keys = dlock_redis::KeyLayout::new(fixture.config().prefix()).unwrap().lock(&name);
+    let (first, second) = (fixture.client().await, fixture.client().await);
+    let short = Duration::from_secs(3);
+    let lost = first.acquire(&name, &LockOptions::fixed(short).owner(owner.clone())).await.expect("acquire");
+
+    // The hold goes from a majority, as empty restarts would take it: the lease is lost,
+    // and what is left of it sits on masters 0 and 1.
+    let leftover = [0, 1];
+    for index in QUORUM - 1..MASTERS {
+        let _: i64 = redis::cmd("DEL").arg(&keys.hold).query_async(&mut fixture.admin(index).await).await.unwrap();
+    }
+
+    // The owner takes the lock again: the other masters grant a new token and the round
+    // gives back its re-entries of the leftover.
+    let again = second.acquire(&name, &LockOptions::fixed(TTL * 6).owner(owner)).await.expect("acquire again");
+    assert_ne!(again.token(), lost.token(), "the leftover alone cannot be a quorum");
+    let count_field = format!("{}{}", dlock_redis::keys::OWNER_FIELD_PREFIX, "leftover-owner");
+    for index in leftover {
+        eventually("the round gave its re-entry back", Duration::from_secs(10), || async {
+            let count: Option<i64> = redis::cmd("HGET")
+                .arg(&keys.hold)
+                .arg(&count_field)
+                .query_async(&mut fixture.admin(index).await)
+                .await
+                .unwrap();
+            count == Some(1)
+        })
+        .await;
+        let pttl: i64 = redis::cmd("PTTL").arg(&keys.hold).query_async(&mut fixture.admin(index).await).await.unwrap();
+        assert!(
+            pttl <= short.as_millis() as i64,
+            "master {index}: the leftover of a {short:?} lease now lasts {pttl} ms more"
+        );
+    }
+    again.release().await.expect("release");
 }

@@ -1,6 +1,6 @@
 -- Acquire an exclusive hold: grants when the hold is free or already the owner's and no
 -- other waiter queues ahead, else reports how long to wait, taking or keeping a place in
--- the queue. Runs behind lib/fence.lua and lib/queue.lua.
+-- the queue. Runs behind lib/fence.lua, lib/clock.lua, lib/queue.lua and lib/lengthen.lua.
 --
 -- KEYS: [1] hold, [2] fence counter, [3] void marker, [4] queue, [5] places.
 -- ARGV: [1] owner field, [2] ttl in ms, [3] grant field, [4] place id, [5] place mode,
@@ -40,17 +40,13 @@ if redis.call('exists', KEYS[3]) == 1 then
 end
 local ttl = tonumber(ARGV[2])
 if redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
-  if redis.call('pttl', KEYS[1]) < ttl then
-    redis.call('pexpire', KEYS[1], ttl)
-  end
+  lengthen(KEYS[1], ttl, ARGV[3])
   return {1, redis.call('hget', KEYS[1], 'token')}
 end
 if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[1], 1)
   redis.call('hset', KEYS[1], ARGV[3], 1)
-  if redis.call('pttl', KEYS[1]) < ttl then
-    redis.call('pexpire', KEYS[1], ttl)
-  end
+  lengthen(KEYS[1], ttl, ARGV[3])
   leave_queue(KEYS[4], KEYS[5], ARGV[4])
   keep_fence(KEYS[2], ARGV[8])
   return {1, redis.call('hget', KEYS[1], 'token')}

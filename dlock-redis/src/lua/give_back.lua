@@ -1,12 +1,13 @@
 -- Give back whatever grant one request may have made (its reply was lost), whichever
 -- token it has, give up the request's place in the queue, and mark the request given
--- back. Runs behind lib/queue.lua.
+-- back. Runs behind lib/queue.lua and lib/lengthen.lua.
 --
 -- KEYS: [1] hold, [2] void marker, [3] queue, [4] places.
 -- ARGV: [1] owner field, [2] grant field, [3] channel, [4] marker ttl in ms, [5] place
 --   id, [6] wake-up channel prefix.
 -- Returns: 1 when a grant was given back, 0 when there was none.
--- Invariant: another holder, and the owner's other grants, are never touched; a late
+-- Invariant: another holder, and the owner's other grants, are never touched (the hold's
+--   expiry goes back only to one they were all given, see lib/lengthen.lua); a late
 --   delivery of the request grants nothing while its void marker lasts.
 --
 -- When this frees the lock, or removes the head of the queue of a lock that is free or
@@ -22,6 +23,7 @@ if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   else
     redis.call('hincrby', KEYS[1], ARGV[1], -1)
     redis.call('hdel', KEYS[1], ARGV[2])
+    undo_lengthening(KEYS[1], ARGV[2])
   end
 end
 local was_head = redis.call('lindex', KEYS[3], 0) == ARGV[5]

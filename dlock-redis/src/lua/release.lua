@@ -1,6 +1,7 @@
 -- Release one grant of an exclusive hold (with this token); the owner's last one frees
 -- the lock and publishes the token: to the head of the queue alone when waiters queue,
--- else on the lock's channel. Runs behind lib/fence.lua and lib/queue.lua.
+-- else on the lock's channel. Runs behind lib/fence.lua, lib/queue.lua and
+-- lib/lengthen.lua.
 --
 -- KEYS: [1] hold, [2] queue, [3] places, [4] fence counter.
 -- ARGV: [1] owner field, [2] token, [3] channel, [4] grant field, [5] wake-up channel
@@ -12,7 +13,8 @@
 --   the hold is not ours.
 -- Invariant: only this grant of this hold is released, and once (a second delivery finds
 --   the grant gone and changes nothing); a lock freed while waiters queue is granted to,
---   or wakes, the head of the queue alone.
+--   or wakes, the head of the queue alone; the owner's other grants keep the expiry they
+--   were given (a release undoes only its own grant's lengthening, see lib/lengthen.lua).
 --
 -- The releasing client may name waiters of its own that queue for the lock: when the head
 -- of the queue is one of them, the lock is granted to it here, as its own acquire would
@@ -54,5 +56,6 @@ if tonumber(redis.call('hget', KEYS[1], ARGV[1])) <= 1 then
 end
 redis.call('hincrby', KEYS[1], ARGV[1], -1)
 redis.call('hdel', KEYS[1], ARGV[4])
+undo_lengthening(KEYS[1], ARGV[4])
 keep_fence(KEYS[4], ARGV[6])
 return 1

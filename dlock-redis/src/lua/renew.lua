@@ -1,5 +1,6 @@
 -- Renew one grant of an exclusive hold (with this token): keeps the hold for at least the
--- ttl from now, and the fence counter for the keep time. Runs behind lib/fence.lua.
+-- ttl from now, and the fence counter for the keep time. Runs behind lib/fence.lua,
+-- lib/clock.lua and lib/lengthen.lua.
 --
 -- KEYS: [1] hold, [2] fence counter.
 -- ARGV: [1] owner field, [2] token, [3] ttl in ms, [4] grant field, [5] keep time in ms.
@@ -18,9 +19,6 @@ end
 if redis.call('hexists', KEYS[1], ARGV[4]) == 0 then
   return 0
 end
-local ttl = tonumber(ARGV[3])
-if redis.call('pttl', KEYS[1]) < ttl then
-  redis.call('pexpire', KEYS[1], ttl)
-end
+lengthen(KEYS[1], tonumber(ARGV[3]), false)
 keep_fence(KEYS[2], ARGV[5])
 return 1

@@ -8,11 +8,12 @@ use async_trait::async_trait;
 use dlock_core::backend::lock_unpoisoned;
 use dlock_core::backend::{Attempt, Backend, Release, Renewal, Request};
 use dlock_core::{Capabilities, ConnectConfig, FencingToken, LockError, LockInfo, LockName, StoredResult};
+use redis::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::config::RedLockConfig;
-use super::nodes::{fan_out, NodeLink, Nodes};
+use super::nodes::{fan_out, fan_out_keeping_late, NodeLink, Nodes};
 use super::quorum::{
     count_released, decide_grant, decide_inspect, decide_release, decide_renewal, grant_won, inspect_done, max_fence,
     renewal_done, unreachable, Answer, GrantAnswers, GrantOutcome,
@@ -21,7 +22,7 @@ use super::token::Proposer;
 use crate::backend::{give_back_call, release_call, renew_call};
 use crate::config::Node;
 use crate::hold::{holder, RedisHold};
-use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys};
+use crate::keys::{grant_field, owner_field, KeyLayout, LockKeys, TOKEN_FIELD};
 use crate::pubsub::Registration;
 use crate::scripts::{scripts, ttl_millis, GrantReply, HoldView, Invocation, ReleaseReply, RenewReply};
 
@@ -288,15 +289,16 @@ impl RedLockBackend {
 
     /// Sends the grant script with `proposal` to every node and decides. A round gives
     /// back whatever it may have taken that is not part of a won hold: its grants and
-    /// re-entries on the nodes that answered, and the proposal on every node that did not
-    /// (its grant may have landed unseen). That is a release on every node but those that
-    /// answered busy or stale, whose script changed nothing. The give-back runs in the
-    /// background (bounded by the node timeout), so that a lost look costs one node
-    /// timeout; a later round of the same request waits for it first.
+    /// re-entries on the nodes that answered, and on every node that did not, whatever
+    /// grant of the request landed there unseen (a grant of the proposal, or a re-entry of
+    /// a hold the owner has there) unless it carries the won token. That is a release on
+    /// every node but those that answered busy or stale, whose script changed nothing. The
+    /// give-back runs in the background (bounded by the node timeout), so that a lost look
+    /// costs one node timeout; a later round of the same request waits for it first.
     async fn grant_round(&self, ask: &Ask, proposal: u64) -> (GrantOutcome, Vec<Answer<(GrantReply, u64)>>) {
         ask.given_back().await;
         let keys = &ask.keys;
-        let mut guard = GiveBack { nodes: &self.nodes, ask, token: proposal, timeout: self.node_timeout };
+        let mut guard = GiveBack { nodes: &self.nodes, ask, armed: true, timeout: self.node_timeout };
         let call = Arc::new(grant_call(
             keys,
             (&ask.owner, &ask.grant, &ask.void),
@@ -305,7 +307,7 @@ impl RedLockBackend {
             self.proposer.lead_micros(),
         ));
         let quorum = self.quorum;
-        let answers = fan_out(
+        let (answers, late) = fan_out_keeping_late(
             &self.nodes,
             self.node_timeout,
             |mut conn| {
@@ -319,13 +321,26 @@ impl RedLockBackend {
             self.proposer.observe(&keys.fence, fence);
         }
         let outcome = decide_grant(&answers, proposal, quorum);
-        let leftovers = leftovers(&answers, proposal, outcome);
+        let mut leftovers = leftovers(&answers, outcome);
         guard.disarm();
         if !leftovers.is_empty() {
             let (nodes, keys, owner, grant, timeout) =
                 (self.nodes.clone(), keys.clone(), ask.owner.clone(), ask.grant.clone(), self.node_timeout);
             let keep_ms = ask.keep_ms;
             let running = tokio::spawn(async move {
+                // A node whose answer comes after a won round decided says what it took;
+                // only those that never answer are looked at.
+                late.answers_if_early(|index, reply| {
+                    if let (Some(at), Ok((reply, _))) = (leftovers.iter().position(|(i, _)| *i == index), reply) {
+                        match late_leftover(reply, outcome) {
+                            Some(leftover) => leftovers[at].1 = leftover,
+                            None => {
+                                leftovers.remove(at);
+                            }
+                        }
+                    }
+                })
+                .await;
                 give_back(&nodes, &keys, (&owner, &grant), &leftovers, (keep_ms, timeout)).await
             });
             *lock_unpoisoned(&ask.giving_back) = Some(running);
@@ -361,10 +376,32 @@ pub(crate) fn read_fence_call(keys: &LockKeys, lead_us: u64) -> Invocation {
 /// The bound of a fan-out that has none of its own (its caller bounds it).
 const UNBOUNDED: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
-/// What a round must give back: `(node, token)` pairs to release. Grants and re-entries
-/// of a token other than the winning one; and where no answer came, the proposal, unless
-/// the proposal won (then a late grant of it is part of the hold).
-fn leftovers(answers: &GrantAnswers, proposal: u64, outcome: GrantOutcome) -> Vec<(usize, u64)> {
+/// What a round gives back on one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leftover {
+    /// The grant or re-entry the node answered, with its token.
+    Token(u64),
+    /// Whatever grant the request has on a node whose answer was not seen: a grant of the
+    /// proposal, or a re-entry of a hold the owner has there with another token (a lease
+    /// it lost may have left one). A grant of `keep` (the won token) is part of the hold
+    /// and stays.
+    Unseen { keep: Option<u64> },
+}
+
+/// What a round gives back on a node whose answer came after it decided: a grant or a
+/// re-entry of a token other than the won one.
+fn late_leftover(reply: GrantReply, outcome: GrantOutcome) -> Option<Leftover> {
+    match (reply, outcome) {
+        (GrantReply::Granted(token) | GrantReply::Reentered(token), GrantOutcome::Won(won)) if token == won => None,
+        (GrantReply::Granted(token) | GrantReply::Reentered(token), _) => Some(Leftover::Token(token)),
+        _ => None,
+    }
+}
+
+/// What a round must give back, node by node: grants and re-entries of a token other
+/// than the winning one; and where no answer came, whatever the request's grant there
+/// carries unless it is the winning token (then a late grant of it is part of the hold).
+fn leftovers(answers: &GrantAnswers, outcome: GrantOutcome) -> Vec<(usize, Leftover)> {
     let won = match outcome {
         GrantOutcome::Won(token) => Some(token),
         _ => None,
@@ -374,33 +411,44 @@ fn leftovers(answers: &GrantAnswers, proposal: u64, outcome: GrantOutcome) -> Ve
         .enumerate()
         .filter_map(|(index, answer)| match answer {
             Answer::Replied((GrantReply::Granted(token) | GrantReply::Reentered(token), _)) => {
-                (won != Some(*token)).then_some((index, *token))
+                (won != Some(*token)).then_some((index, Leftover::Token(*token)))
             }
             Answer::Replied(_) => None,
-            Answer::Pending | Answer::TimedOut | Answer::Failed(_) => {
-                (won != Some(proposal)).then_some((index, proposal))
-            }
+            Answer::Pending | Answer::TimedOut | Answer::Failed(_) => Some((index, Leftover::Unseen { keep: won })),
         })
         .collect()
 }
 
-/// Releases the grant `grant` of `owner` with each token on its node (owner-, grant- and
+/// Releases the grant `grant` of `owner` on each node of `leftovers` (owner-, grant- and
 /// token-checked, so a hold that is not this request's is never touched), all at once,
-/// within `timeout`.
+/// within `timeout`. Where the token is not known, the node's hold is read first: on the
+/// same connection, behind the grant call that may still be on its way.
 async fn give_back(
     nodes: &[NodeLink],
     keys: &LockKeys,
     (owner, grant): (&str, &str),
-    leftovers: &[(usize, u64)],
+    leftovers: &[(usize, Leftover)],
     (keep_ms, timeout): (u64, Duration),
 ) {
     if leftovers.is_empty() {
         return;
     }
-    let calls = leftovers.iter().map(|&(index, token)| {
+    let calls = leftovers.iter().map(|&(index, leftover)| {
         let mut conn = nodes[index].conn.clone();
-        let call = release_call(keys, (owner, grant), token, keep_ms);
-        async move { call.run(&mut conn).await }
+        async move {
+            let token = match leftover {
+                Leftover::Token(token) => token,
+                Leftover::Unseen { keep } => {
+                    let (token, granted): (Option<String>, Option<String>) =
+                        redis::cmd("HMGET").arg(&keys.hold).arg(TOKEN_FIELD).arg(grant).query_async(&mut conn).await?;
+                    match (token.and_then(|t| t.parse::<u64>().ok()), granted) {
+                        (Some(token), Some(_)) if Some(token) != keep => token,
+                        _ => return Ok(Value::Nil),
+                    }
+                }
+            };
+            release_call(keys, (owner, grant), token, keep_ms).run(&mut conn).await
+        }
     });
     match tokio::time::timeout(timeout, futures::future::join_all(calls)).await {
         Ok(results) => {
@@ -412,30 +460,30 @@ async fn give_back(
     }
 }
 
-/// Gives the round's proposal back on every node if the round is abandoned halfway (the
-/// attempt's future dropped): its grants may have landed on any of them.
+/// Gives back the round's grants on every node if the round is abandoned halfway (the
+/// attempt's future dropped): they may have landed on any of them.
 struct GiveBack<'a> {
     nodes: &'a Nodes,
     ask: &'a Ask,
-    token: u64,
+    armed: bool,
     timeout: Duration,
 }
 
 impl GiveBack<'_> {
     fn disarm(&mut self) {
-        self.token = 0;
+        self.armed = false;
     }
 }
 
 impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
-        if self.token == 0 {
+        if !self.armed {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (nodes, keys, owner, grant, timeout) =
             (self.nodes.clone(), self.ask.keys.clone(), self.ask.owner.clone(), self.ask.grant.clone(), self.timeout);
-        let leftovers: Vec<(usize, u64)> = (0..nodes.len()).map(|index| (index, self.token)).collect();
+        let leftovers: Vec<_> = (0..nodes.len()).map(|index| (index, Leftover::Unseen { keep: None })).collect();
         let keep_ms = self.ask.keep_ms;
         runtime.spawn(async move { give_back(&nodes, &keys, (&owner, &grant), &leftovers, (keep_ms, timeout)).await });
     }
@@ -649,5 +697,72 @@ impl Backend for RedLockBackend {
 
     fn clock_drift(&self, ttl: Duration) -> Duration {
         self.config.drift(ttl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redlock::quorum::Answer;
+
+    fn answers(list: Vec<Answer<GrantReply>>) -> Vec<Answer<(GrantReply, u64)>> {
+        list.into_iter()
+            .map(|answer| match answer {
+                Answer::Replied(reply) => Answer::Replied((reply, 10)),
+                Answer::Pending => Answer::Pending,
+                _ => Answer::TimedOut,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_round_won_with_a_new_token_gives_back_the_reentries_seen_and_unseen() {
+        use GrantReply::{Busy, Granted, Reentered};
+        let answers = answers(vec![
+            Answer::Replied(Reentered(7)),
+            Answer::Pending,
+            Answer::Replied(Granted(11)),
+            Answer::Replied(Granted(11)),
+            Answer::Replied(Granted(11)),
+            Answer::Replied(Busy { left: None, token: 3 }),
+        ]);
+        let leftovers = leftovers(&answers, GrantOutcome::Won(11));
+        // The pending node may have re-entered 7 as the first did: whatever it holds for
+        // the request goes back, unless it is a late grant of the won token.
+        assert_eq!(leftovers, vec![(0, Leftover::Token(7)), (1, Leftover::Unseen { keep: Some(11) })]);
+    }
+
+    #[test]
+    fn a_round_won_by_reentry_keeps_the_reentries_and_gives_back_the_fresh_grants() {
+        use GrantReply::{Granted, Reentered};
+        let answers = answers(vec![
+            Answer::Replied(Reentered(7)),
+            Answer::Replied(Reentered(7)),
+            Answer::Replied(Granted(11)),
+            Answer::TimedOut,
+        ]);
+        let leftovers = leftovers(&answers, GrantOutcome::Won(7));
+        assert_eq!(leftovers, vec![(2, Leftover::Token(11)), (3, Leftover::Unseen { keep: Some(7) })]);
+    }
+
+    #[test]
+    fn a_late_answer_is_given_back_unless_it_holds_the_won_token() {
+        use GrantReply::{Busy, Granted, Reentered};
+        assert_eq!(late_leftover(Granted(11), GrantOutcome::Won(11)), None);
+        assert_eq!(late_leftover(Reentered(7), GrantOutcome::Won(11)), Some(Leftover::Token(7)));
+        assert_eq!(late_leftover(Granted(11), GrantOutcome::Won(7)), Some(Leftover::Token(11)));
+        assert_eq!(late_leftover(Granted(11), GrantOutcome::Unreachable { got: 1 }), Some(Leftover::Token(11)));
+        assert_eq!(late_leftover(Busy { left: None, token: 3 }, GrantOutcome::Won(11)), None);
+    }
+
+    #[test]
+    fn a_lost_round_gives_back_everything_it_may_hold() {
+        use GrantReply::{Granted, Reentered};
+        let answers = answers(vec![Answer::Replied(Reentered(7)), Answer::Replied(Granted(11)), Answer::Pending]);
+        let outcome = GrantOutcome::Unreachable { got: 1 };
+        assert_eq!(
+            leftovers(&answers, outcome),
+            vec![(0, Leftover::Token(7)), (1, Leftover::Token(11)), (2, Leftover::Unseen { keep: None })]
+        );
     }
 }

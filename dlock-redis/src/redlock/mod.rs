@@ -79,7 +79,10 @@
 //! master's by half of it (see [`token`]).
 //!
 //! A re-entrant acquire (same owner) increments the count on each node that holds it
-//! and returns the holder's token.
+//! and returns the holder's token. A re-entry that its round gives back (the round was
+//! lost, or won with a new token elsewhere) puts the node's hold back to the expiry it
+//! had, so that a hold left on a minority of nodes by a lease its owner lost is not kept
+//! alive by that owner's later attempts.
 //!
 //! # Errors of an acquire
 //!

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use redis::RedisResult;
@@ -125,20 +126,83 @@ pub(crate) async fn fan_out<T, F, Fut>(
     nodes: &[NodeLink],
     timeout: Duration,
     call: F,
-    mut enough: impl FnMut(&[Answer<T>]) -> bool,
+    enough: impl FnMut(&[Answer<T>]) -> bool,
 ) -> Vec<Answer<T>>
 where
     T: Send + 'static,
     F: Fn(RedisConnection) -> Fut,
     Fut: Future<Output = RedisResult<T>> + Send + 'static,
 {
+    let (answers, late) = fan_out_keeping_late(nodes, timeout, call, enough).await;
+    if !late.is_empty() {
+        tokio::spawn(late.drain());
+    }
+    answers
+}
+
+/// The calls of a fan-out still out when it decided, and until when they may be waited for.
+pub(crate) struct Late<T> {
+    calls: FuturesUnordered<BoxFuture<'static, (usize, RedisResult<T>)>>,
+    until: tokio::time::Instant,
+    /// Whether the fan-out ran out of time (the calls had their node timeout already).
+    timed_out: bool,
+}
+
+impl<T: Send + 'static> Late<T> {
+    /// Whether no call is still out.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// The answers that come in time, by node, each as it comes, if the fan-out decided
+    /// before its deadline; the calls left at the end are dropped. Calls that had their
+    /// node timeout already are not waited for again: they go on in a task of their own.
+    pub(crate) async fn answers_if_early(self, each: impl FnMut(usize, RedisResult<T>)) {
+        if self.timed_out {
+            if !self.is_empty() {
+                tokio::spawn(self.drain());
+            }
+            return;
+        }
+        self.answers(each).await;
+    }
+
+    async fn answers(mut self, mut each: impl FnMut(usize, RedisResult<T>)) {
+        let _ = tokio::time::timeout_at(self.until, async {
+            while let Some((index, reply)) = self.calls.next().await {
+                each(index, reply);
+            }
+        })
+        .await;
+    }
+
+    /// Waits for the calls, in time, and drops their answers.
+    async fn drain(self) {
+        self.answers(|_, _| {}).await;
+    }
+}
+
+/// As [`fan_out`], but hands back the calls still out instead of waiting for them in a
+/// task of its own: a caller that must act on their answers (a grant round giving back
+/// what a late node granted) waits for them itself.
+pub(crate) async fn fan_out_keeping_late<T, F, Fut>(
+    nodes: &[NodeLink],
+    timeout: Duration,
+    call: F,
+    mut enough: impl FnMut(&[Answer<T>]) -> bool,
+) -> (Vec<Answer<T>>, Late<T>)
+where
+    T: Send + 'static,
+    F: Fn(RedisConnection) -> Fut,
+    Fut: Future<Output = RedisResult<T>> + Send + 'static,
+{
     let mut answers: Vec<Answer<T>> = nodes.iter().map(|_| Answer::Pending).collect();
-    let mut calls: FuturesUnordered<_> = nodes
+    let mut calls: FuturesUnordered<BoxFuture<'static, (usize, RedisResult<T>)>> = nodes
         .iter()
         .enumerate()
         .map(|(index, link)| {
             let reply = call(link.conn.clone());
-            async move { (index, reply.await) }
+            async move { (index, reply.await) }.boxed()
         })
         .collect();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -159,12 +223,7 @@ where
                 let Some(next) = next else { break };
                 record(&mut answers, next);
                 if enough(&answers) {
-                    if !calls.is_empty() {
-                        tokio::spawn(async move {
-                            let _ = tokio::time::timeout_at(deadline, calls.for_each(|_| async {})).await;
-                        });
-                    }
-                    break;
+                    return (answers, Late { calls, until: deadline, timed_out: false });
                 }
             }
             _ = &mut sleep => {
@@ -176,17 +235,12 @@ where
                 for answer in answers.iter_mut().filter(|a| matches!(a, Answer::Pending)) {
                     *answer = Answer::TimedOut;
                 }
-                // Calls still out go on for one more period in a task of their own: a
-                // release or a give-back to a slow node must still reach it (a dropped
-                // call that was not yet written is never sent).
-                if !calls.is_empty() {
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(timeout, calls.for_each(|_| async {})).await;
-                    });
-                }
-                break;
+                // Calls still out go on for one more period: a release or a give-back to
+                // a slow node must still reach it (a dropped call that was not yet
+                // written is never sent).
+                return (answers, Late { calls, until: tokio::time::Instant::now() + timeout, timed_out: true });
             }
         }
     }
-    answers
+    (answers, Late { calls, until: deadline, timed_out: false })
 }

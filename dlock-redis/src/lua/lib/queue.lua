@@ -1,9 +1,9 @@
 -- Library: the queue of waiters, put in front of the single-server scripts that queue,
--- wake or count waiters.
+-- wake or count waiters. Runs behind lib/clock.lua.
 --
 -- KEYS: none (the functions are given the queue list's and the places hash's keys).
 -- ARGV: none (the place id, the lapse and the wake-up channel prefix are passed to them).
--- Returns: nothing; defines now_ms(), queue_head(queue, places, now) (the first live
+-- Returns: nothing; defines queue_head(queue, places, now) (the first live
 --   place id or false, and whether lapsed places were dropped), leave_queue(queue, places,
 --   id) (whether the place was there), take_place(queue, places, id, now, lapse),
 --   wake(prefix, id) and wake_head(queue, places, prefix) (the head woken, or false).
@@ -22,10 +22,6 @@
 -- soon. Lapsed places are dropped when they reach the head; one further back stays until
 -- then (its waiter may still come back and refresh it, keeping its turn).
 
-local function now_ms()
-  local t = redis.call('time')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local function queue_head(queue, places, now)
   local dropped = false
   while true do

@@ -1,5 +1,5 @@
 -- One RedLock node's part of a grant with a token proposed by the client. Runs behind
--- lib/above.lua and lib/reported_fence.lua.
+-- lib/above.lua, lib/reported_fence.lua, lib/clock.lua and lib/lengthen.lua.
 --
 -- KEYS: [1] hold, [2] fence counter, [3] void marker.
 -- ARGV: [1] owner field, [2] proposed token, [3] ttl in ms, [4] grant field, [5] keep
@@ -41,10 +41,7 @@ end
 if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[1], 1)
   redis.call('hset', KEYS[1], ARGV[4], 1)
-  local ttl = tonumber(ARGV[3])
-  if redis.call('pttl', KEYS[1]) < ttl then
-    redis.call('pexpire', KEYS[1], ttl)
-  end
+  lengthen(KEYS[1], tonumber(ARGV[3]), ARGV[4])
   redis.call('pexpire', KEYS[2], ARGV[5])
   return {2, redis.call('hget', KEYS[1], 'token'), fence}
 end
