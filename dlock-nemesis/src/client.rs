@@ -126,17 +126,23 @@ async fn write(hold: &mut Hold<'_>, args: &ClientArgs, lease: &Lease, kind: Hold
         }
         return false;
     }
-    let register = &mut *hold.register;
-    let valid_until = check - args.epoch_ns + remaining.as_nanos() as u64;
-    let line = format!(
-        "W {} {} {} {} {} {}\n",
-        args.id,
-        lease.token().get(),
-        check - args.epoch_ns,
-        valid_until,
-        kind_spec(kind),
-        hold.ends_ns,
-    );
+    let at = check - args.epoch_ns;
+    let claim = (at, at + remaining.as_nanos() as u64);
+    send(&mut *hold.register, &mut *hold.log, args, (lease.token().get(), kind), claim, hold.ends_ns).await;
+    true
+}
+
+/// Sends one write line: the token and kind, the claim (checked at, valid until, in ns
+/// since the run's epoch) and when the writer means to let go.
+async fn send(
+    register: &mut Option<BufReader<TcpStream>>,
+    log: &mut Log,
+    args: &ClientArgs,
+    (token, kind): (u64, HoldKind),
+    (at, valid_until): (u64, u64),
+    ends_ns: u64,
+) {
+    let line = format!("W {} {token} {at} {valid_until} {} {ends_ns}\n", args.id, kind_spec(kind));
     if register.is_none() {
         *register = TcpStream::connect(args.register).await.ok().map(BufReader::new);
     }
@@ -151,9 +157,8 @@ async fn write(hold: &mut Hold<'_>, args: &ClientArgs, lease: &Lease, kind: Hold
         // The verdict fails a run whose register could not be reached: a write that
         // went nowhere was judged by nobody.
         *register = None;
-        hold.log.event("unsent", "fail", Some(lease.token().get()), "");
+        log.event("unsent", "fail", Some(token), "");
     }
-    true
 }
 
 /// `x` for an exclusive hold, `s` for a shared one, `p<n>` for a permit of `n`.
@@ -271,6 +276,10 @@ async fn locks(
         let length = hold_length(rng, ttl);
         let until = tokio::time::Instant::now() + length;
         let ends_ns = now_ns().saturating_sub(args.epoch_ns) + length.as_nanos() as u64;
+        let late_write = args.mutant == Some(Mutant::LateWrite);
+        if late_write {
+            tokio::time::sleep(ttl / 4).await;
+        }
         let mut hold = Hold { register: &mut register, log: &mut *log, lost_logged, ends_ns };
         while write(&mut hold, args, &lease, kind).await {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
@@ -285,6 +294,13 @@ async fn locks(
         match lease.release().await {
             Ok(()) => log.event("release", "ok", Some(token), ""),
             Err(err) => log.event("release", "fail", Some(token), &format!("{err}").replace(['\n', ' '], "_")),
+        }
+        if late_write {
+            // Late enough for a waiter to have been granted, early enough to beat its
+            // first write (held back a quarter ttl).
+            tokio::time::sleep(ttl / 8).await;
+            let at = now_ns().saturating_sub(args.epoch_ns);
+            send(&mut register, log, args, (token, kind), (at, at), ends_ns).await;
         }
     }
     Ok(())

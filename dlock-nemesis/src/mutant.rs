@@ -32,6 +32,11 @@ pub(crate) enum Mutant {
     NoSelfCheck,
     /// The server expires holds at half their ttl, with no clock fault declared.
     HalfTtl,
+    /// Clients write once more an eighth of a ttl after each release, with the released
+    /// token and no validity claimed, and hold back each hold's first write for a quarter
+    /// ttl: a late write then reaches the register after the next grant and before the
+    /// next holder's first write, where fencing cannot refuse it.
+    LateWrite,
 }
 
 impl fmt::Display for Mutant {
@@ -42,6 +47,7 @@ impl fmt::Display for Mutant {
             Mutant::NeverRenews => "never-renews",
             Mutant::NoSelfCheck => "no-self-check",
             Mutant::HalfTtl => "half-ttl",
+            Mutant::LateWrite => "late-write",
         };
         f.write_str(name)
     }

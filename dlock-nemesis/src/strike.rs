@@ -20,7 +20,7 @@ pub(crate) fn applies(mutant: Mutant, topology: &Topology) -> Result<(), String>
     let advisory = matches!(topology, Topology::PostgresAdvisory(_));
     let zk = matches!(topology, Topology::ZooKeeper(_) | Topology::ZkEnsemble(_));
     let fits = match mutant {
-        Mutant::Evict | Mutant::NoSelfCheck => !matches!(topology, Topology::External(_)),
+        Mutant::Evict | Mutant::NoSelfCheck | Mutant::LateWrite => !matches!(topology, Topology::External(_)),
         Mutant::FenceReset | Mutant::NeverRenews if advisory => false,
         // ZooKeeper's and etcd's tokens are the server's own revisions, which nothing
         // can set back; RedLock's proposals start from the proposer's clock, above any

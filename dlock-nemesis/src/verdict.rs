@@ -97,9 +97,17 @@ pub(crate) struct Verdict {
     /// found its lease gone before writing.
     pub(crate) overlaps_silent: usize,
     pub(crate) token_regressions: Vec<(HoldSpan, HoldSpan)>,
+    /// Writes the fenced register accepted from an older holder after a newer hold was
+    /// granted (before the newer holder's first write: after it, the register refuses
+    /// them), with no clock fault to explain them.
     pub(crate) stale_writes_accepted: Vec<(Duration, u64)>,
-    /// For each of those, what made it stale: the writer's last claim before it and the
-    /// newer hold granted before the register applied it.
+    /// The same, where the writer's last claim still covered the newer grant and a clock
+    /// fault explains that grant (as for [`Self::clock_broken_claims`]): no lease survives
+    /// that, and fencing orders such a write before the newer holder's writes.
+    pub(crate) clock_stale_writes: Vec<(Duration, u64)>,
+    /// For each stale write (accepted, then after clock faults), what made it stale: the
+    /// writer's last claim before it and the newer hold granted before the register
+    /// applied it.
     pub(crate) stale_writes_why: Vec<String>,
     /// A holder claimed its lease valid until a time after another holder was granted
     /// beside it (one that excludes it, or one too many permits), with no clock fault to
@@ -191,6 +199,12 @@ impl Verdict {
         let (clock_broken_claims, broken_claims): (Vec<_>, Vec<_>) = broken_claims(&holds, claims)
             .into_iter()
             .partition(|(claim, own, newer)| clocks.explain(claim, own.start, newer.start, run.ttl));
+        let (clock_stale_writes, stale_writes): (Vec<_>, Vec<_>) =
+            report.stale_writes.iter().map(|&(at, token)| Stale::find(&holds, claims, at, token)).partition(|stale| {
+                stale.claim.zip(stale.own).zip(stale.newer).is_some_and(|((claim, own), newer)| {
+                    claim.valid_until > newer.start && clocks.explain(&claim, own.start, newer.start, run.ttl)
+                })
+            });
         let strip = |v: Vec<(Claim, HoldSpan, HoldSpan)>| v.into_iter().map(|(c, _, n)| (c, n)).collect::<Vec<_>>();
         let writes = events.iter().filter(|e| e.op == Op::Write);
         let accepted = writes.clone().filter(|e| e.phase == Phase::Ok).count();
@@ -222,11 +236,12 @@ impl Verdict {
             overlaps_refused,
             overlaps_silent,
             token_regressions: report.token_regressions,
-            stale_writes_accepted: report.stale_writes.iter().map(|(at, t)| (*at, t.get())).collect(),
-            stale_writes_why: report
-                .stale_writes
+            stale_writes_accepted: stale_writes.iter().map(|s| (s.at, s.token.get())).collect(),
+            clock_stale_writes: clock_stale_writes.iter().map(|s| (s.at, s.token.get())).collect(),
+            stale_writes_why: stale_writes
                 .iter()
-                .map(|&(at, token)| stale_why(&holds, claims, at, token))
+                .map(|s| format!("{s}"))
+                .chain(clock_stale_writes.iter().map(|s| format!("{s} (after a clock fault)")))
                 .collect(),
             broken_claims: strip(broken_claims),
             clock_broken_claims: strip(clock_broken_claims),
@@ -265,6 +280,7 @@ impl Verdict {
             "overlaps_without_writes": self.overlaps_silent,
             "token_regressions": self.token_regressions.len(),
             "stale_writes_accepted": self.stale_writes_accepted.len(),
+            "stale_writes_after_clock_faults": self.clock_stale_writes.len(),
             "broken_validity_claims": self.broken_claims.len(),
             "validity_claims_broken_by_clock_faults": self.clock_broken_claims.len(),
             "writes_accepted": self.writes.0,
@@ -350,15 +366,35 @@ fn broken_claims(holds: &[HoldSpan], claims: &[Claim]) -> Vec<(Claim, HoldSpan, 
     broken
 }
 
-/// A stale write in words: its token and when the register applied it, the writer's
-/// last claim of validity before it (when it checked, and until when), and the newer
-/// hold granted before the write was applied.
-fn stale_why(holds: &[HoldSpan], claims: &[Claim], at: Duration, token: FencingToken) -> String {
-    let claim = claims.iter().filter(|c| c.token == token && c.at <= at).max_by_key(|c| c.at);
-    let newer = holds.iter().find(|h| h.token > token && h.start <= at);
-    let claim = claim
-        .map_or_else(|| "no claim".to_string(), |c| format!("checked at {:?}, valid until {:?}", c.at, c.valid_until));
-    format!("token {token} applied at {at:?} ({claim}) after {newer:?}")
+/// A stale write and what made it stale: the writer's last claim of validity before it,
+/// the writer's hold, and the newer hold granted before the register applied it.
+struct Stale {
+    at: Duration,
+    token: FencingToken,
+    claim: Option<Claim>,
+    own: Option<HoldSpan>,
+    newer: Option<HoldSpan>,
+}
+
+impl Stale {
+    fn find(holds: &[HoldSpan], claims: &[Claim], at: Duration, token: FencingToken) -> Self {
+        let claim = claims.iter().filter(|c| c.token == token && c.at <= at).max_by_key(|c| c.at).copied();
+        let own = holds.iter().rev().find(|h| h.token == token && h.start <= at).copied();
+        let newer = holds.iter().find(|h| h.token > token && h.start <= at).copied();
+        Stale { at, token, claim, own, newer }
+    }
+}
+
+/// Its token and when the register applied it, the writer's claim (when it checked, and
+/// until when), and the newer hold.
+impl fmt::Display for Stale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let claim = self.claim.map_or_else(
+            || "no claim".to_string(),
+            |c| format!("checked at {:?}, valid until {:?}", c.at, c.valid_until),
+        );
+        write!(f, "token {} applied at {:?} ({claim}) after {:?}", self.token, self.at, self.newer)
+    }
 }
 
 /// Runs of a key's work that began after a result of that key had been stored and
@@ -413,6 +449,7 @@ impl fmt::Display for Verdict {
         )?;
         writeln!(f, "  token regressions        {}", self.token_regressions.len())?;
         writeln!(f, "  stale writes accepted    {}", self.stale_writes_accepted.len())?;
+        writeln!(f, "  ... after clock faults   {}", self.clock_stale_writes.len())?;
         writeln!(f, "  broken validity claims   {}", self.broken_claims.len())?;
         writeln!(f, "  ... by clock faults      {}", self.clock_broken_claims.len())?;
         writeln!(f, "  writes accepted/refused  {}/{}", self.writes.0, self.writes.1)?;
@@ -539,6 +576,30 @@ mod tests {
         let fast = Clocks { fast: Some(2.0), jumps: Vec::new() };
         assert_eq!(judge(&history, &[claim(0, 1, 540)], &fast).anomalies(), 0);
         assert_eq!(judge(&history, &[claim(0, 1, 600)], &fast).anomalies(), 1);
+    }
+
+    #[test]
+    fn a_stale_write_is_an_anomaly_unless_a_clock_fault_cut_the_claim_it_was_made_under() {
+        // Holder 0 writes at 550, after holder 1's grant at 500 and before holder 1 wrote:
+        // the register accepts it.
+        let history = two_holds([HoldKind::Exclusive; 2]);
+        history.record_at(event(0, Op::Write, Phase::Ok, 550, 1));
+        let calm = Clocks::default();
+        let jumped = Clocks { fast: None, jumps: vec![(0, Duration::from_millis(300), Duration::from_millis(305))] };
+        // Made under a claim that covered the newer grant, with a jump between the grants:
+        // the clock explains it.
+        let explained = judge(&history, &[claim(0, 1, 600)], &jumped);
+        assert_eq!((explained.stale_writes_accepted.len(), explained.clock_stale_writes.len()), (0, 1));
+        assert!(explained.stale_writes_why[0].ends_with("(after a clock fault)"), "{:?}", explained.stale_writes_why);
+        // Without the jump, it is an anomaly (and so is the claim).
+        let calm_verdict = judge(&history, &[claim(0, 1, 600)], &calm);
+        assert_eq!((calm_verdict.stale_writes_accepted.len(), calm_verdict.clock_stale_writes.len()), (1, 0));
+        // A write in flight past the claim it was made under is one, jump or not: no clock
+        // cut that claim short.
+        let in_flight = judge(&history, &[claim(0, 1, 400)], &jumped);
+        assert_eq!((in_flight.stale_writes_accepted.len(), in_flight.anomalies()), (1, 1));
+        // So is a write made under no claim.
+        assert_eq!(judge(&history, &[], &jumped).stale_writes_accepted.len(), 1);
     }
 
     #[test]

@@ -79,6 +79,14 @@ fn no_self_check_on_sqlite_is_held_by_the_register() {
     assert_eq!(run.count("stale_writes_accepted"), 0, "{}", run.output);
 }
 
+/// A write sent after its hold was released, while the next holder has been granted
+/// but has not written yet: the register has not seen the newer token, so fencing cannot
+/// refuse it, and the stale-write counter is what catches it.
+#[test]
+fn late_write_on_sqlite() {
+    caught("sqlite", "late-write", "stale_writes_accepted");
+}
+
 #[test]
 fn a_mutant_that_does_not_apply_is_refused() {
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_nemesis"))
