@@ -39,6 +39,56 @@ impl Timing {
     };
 }
 
+/// A [`Fixture`] made of a timing and a function that connects a client: for a test that
+/// runs properties against a server it set up its own way (over TLS, with credentials,
+/// through the application's own pool or client) without a fixture type of its own.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dlock_conformance::{properties, Connecting, Timing};
+/// use dlock_core::memory::MemoryStore;
+/// use dlock_core::Locker;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// let fixture = Connecting::new(Timing::SHORT, || async { Arc::new(store.client()) as Arc<dyn Locker> });
+/// properties::core(&fixture).await;
+/// # }
+/// ```
+pub struct Connecting<F> {
+    timing: Timing,
+    connect: F,
+}
+
+impl<F> Connecting<F> {
+    /// A fixture whose clients `connect` makes, each a new one, with `timing`.
+    pub fn new(timing: Timing, connect: F) -> Self {
+        Connecting { timing, connect }
+    }
+}
+
+impl<F> std::fmt::Debug for Connecting<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connecting").field("timing", &self.timing).finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<F, Fut> Fixture for Connecting<F>
+where
+    F: Fn() -> Fut + Send + Sync,
+    Fut: std::future::Future<Output = Arc<dyn Locker>> + Send,
+{
+    fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    async fn client(&self) -> Arc<dyn Locker> {
+        (self.connect)().await
+    }
+}
+
 /// A switch on one client's link to the backend: a TCP fault proxy, or an in-process
 /// switch for backends without a network.
 pub trait Link: Send + Sync {

@@ -27,7 +27,9 @@ pub mod properties;
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
 pub mod proxy;
 
-pub use fixture::{Evict, Fault, Faults, FaultyClient, Fixture, FullFixture, Link, Needs, Restart, Storage, Timing};
+pub use fixture::{
+    Connecting, Evict, Fault, Faults, FaultyClient, Fixture, FullFixture, Link, Needs, Restart, Storage, Timing,
+};
 
 /// Sends the tests' `tracing` output to the test harness when `RUST_LOG` is set (with
 /// the `test-log` feature; without it, does nothing).

@@ -12,9 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use dlock_conformance::properties::{self, unique_name};
-use dlock_conformance::{Fixture, Timing};
+use dlock_conformance::{Connecting, Timing};
 use dlock_core::{ConnectConfig, LockError, LockOptions, Locker};
 use dlock_sql::SqlConfig;
 use dlock_testkit::supervisor::free_port;
@@ -33,22 +32,6 @@ fn file(pki: &TestPki, name: &str) -> String {
     pki.path(name).display().to_string()
 }
 
-/// Clients of one URL, for the suite's properties.
-struct Clients {
-    url: String,
-}
-
-#[async_trait]
-impl Fixture for Clients {
-    fn timing(&self) -> Timing {
-        Timing::SHORT
-    }
-
-    async fn client(&self) -> Arc<dyn Locker> {
-        Arc::new(dlock_sql::connect(config(&self.url)).await.expect("connect over TLS"))
-    }
-}
-
 fn config(url: &str) -> SqlConfig {
     SqlConfig::from_url(url)
         .expect("url")
@@ -59,7 +42,9 @@ fn config(url: &str) -> SqlConfig {
 
 /// The suite's core properties over one TLS connection string.
 async fn core_properties(url: &str) {
-    let clients = Clients { url: url.to_string() };
+    let clients = Connecting::new(Timing::SHORT, || async {
+        Arc::new(dlock_sql::connect(config(url)).await.expect("connect over TLS")) as Arc<dyn Locker>
+    });
     properties::core(&clients).await;
 }
 

@@ -11,9 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use dlock_conformance::properties::{self, unique_name};
-use dlock_conformance::{Fixture, Timing};
+use dlock_conformance::{Connecting, Timing};
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_testkit::supervisor::free_port;
 use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperServer};
@@ -66,30 +65,19 @@ fn assert_refused(err: &LockError, port: u16, says: &str) {
     assert!(!message.contains("s3cret") && !message.contains("wrong-password"), "{message:?} shows a password");
 }
 
-/// Clients of one URL, for the suite's properties.
-struct Clients {
-    url: String,
-}
-
-#[async_trait]
-impl Fixture for Clients {
-    fn timing(&self) -> Timing {
-        Timing::SHORT
-    }
-
-    async fn client(&self) -> Arc<dyn Locker> {
-        let config = ZkConfig::from_url(&self.url).expect("url");
-        Arc::new(dlock_zk::connect(config).await.unwrap_or_else(|err| panic!("connect to {}: {err}", self.url)))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_digest_md5_and_refusals() {
     dlock_conformance::init_tracing();
     let server = start_sasl().await;
     let port = server.addr().port();
 
-    properties::core(&Clients { url: url(port, "app:s3cret@", "auth=sasl") }).await;
+    let sasl = url(port, "app:s3cret@", "auth=sasl");
+    properties::core(&Connecting::new(Timing::SHORT, || async {
+        let config = ZkConfig::from_url(&sasl).expect("url");
+        Arc::new(dlock_zk::connect(config).await.unwrap_or_else(|err| panic!("connect to {sasl}: {err}")))
+            as Arc<dyn Locker>
+    }))
+    .await;
     let built = ZkConfig::new(&format!("127.0.0.1:{port}"))
         .expect("hosts")
         .with_credentials("app", "s3cret")

@@ -12,9 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use dlock_conformance::properties::{self, unique_name};
-use dlock_conformance::{Fixture, Timing};
+use dlock_conformance::{Connecting, Timing};
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_testkit::supervisor::tls::TestPki;
 use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperServer, ZooKeeperTls};
@@ -23,6 +22,14 @@ use dlock_zk::{ConnectConfig, ZkConfig, ZkLocker};
 /// The connect timeout of the clients that must fail: each must fail within it (plus
 /// slack for a loaded machine), never hang.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The time scale of the properties run over TLS: 3 s leases with 3 s of slack.
+const TIMING: Timing = Timing {
+    ttl: Duration::from_secs(3),
+    margin: Duration::from_secs(3),
+    op_timeout: Duration::from_secs(2),
+    idle: Duration::from_secs(1),
+};
 
 /// A PKI whose server certificate names `localhost` only.
 fn test_pki() -> TestPki {
@@ -97,27 +104,6 @@ async fn lock_once(locker: &ZkLocker) {
     lease.release().await.expect("release");
 }
 
-/// Clients of one URL, for the suite's properties.
-struct Clients {
-    url: String,
-}
-
-#[async_trait]
-impl Fixture for Clients {
-    fn timing(&self) -> Timing {
-        Timing {
-            ttl: Duration::from_secs(3),
-            margin: Duration::from_secs(3),
-            op_timeout: Duration::from_secs(2),
-            idle: Duration::from_secs(1),
-        }
-    }
-
-    async fn client(&self) -> Arc<dyn Locker> {
-        Arc::new(connect(&self.url).await)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_over_tls_and_refusals() {
     dlock_conformance::init_tracing();
@@ -126,7 +112,8 @@ async fn locks_over_tls_and_refusals() {
     let ca = format!("ca={}", file(&pki, "ca.pem"));
 
     // Acquire, inspect, release; a waiter on another client woken by the release.
-    let clients = Clients { url: url(&server, "localhost", &ca) };
+    let tls = url(&server, "localhost", &ca);
+    let clients = Connecting::new(TIMING, || async { Arc::new(connect(&tls).await) as Arc<dyn Locker> });
     properties::acquire_release(&clients).await;
     properties::waiter_wakes_on_release(&clients).await;
     properties::mutual_exclusion(&clients).await;
