@@ -1,5 +1,8 @@
 //! redis-server instances on free loopback ports: single servers (optionally replicas
-//! of another), independent masters for RedLock, a small Redis Cluster, and a Sentinel.
+//! of another), independent masters for RedLock, a small Redis Cluster (with replicas,
+//! slot migration and failover, see [`cluster`]), and a Sentinel.
+
+pub mod cluster;
 
 use std::io;
 use std::net::SocketAddr;
@@ -9,8 +12,7 @@ use std::time::Duration;
 use dlock_conformance::Fault;
 
 use super::{
-    free_port, poll, program, retry, retry_async, start_on_free_port, succeeded, wait_for_port, Kind, Server,
-    ServerProcess,
+    free_port, poll, program, retry_async, start_on_free_port, succeeded, wait_for_port, Kind, Server, ServerProcess,
 };
 use crate::proxy::FaultProxy;
 
@@ -192,7 +194,8 @@ pub struct RedisGroup<G> {
 /// Independent redis-servers (no replication, no cluster), as RedLock uses them.
 pub type RedisMasters = RedisGroup<Masters>;
 
-/// A Redis Cluster of masters without replicas, each a [`RedisServer`] on free ports.
+/// A Redis Cluster: primaries, and replicas if started with them, each a [`RedisServer`]
+/// on free ports (see [`cluster`] for what it can do).
 pub type RedisCluster = RedisGroup<Cluster>;
 
 impl<G: GroupKind> RedisGroup<G> {
@@ -244,57 +247,6 @@ impl RedisGroup<Masters> {
         });
         Ok(Self::of(started.into_iter().collect::<io::Result<Vec<_>>>()?))
     }
-}
-
-impl RedisGroup<Cluster> {
-    /// Starts `masters` cluster-enabled servers (at least 3, as Redis demands), spreads the
-    /// 16384 slots over them with `redis-cli --cluster create`, and waits until every
-    /// node reports the cluster as ok.
-    pub fn start(masters: usize) -> io::Result<Self> {
-        let mut nodes = Vec::with_capacity(masters);
-        for _ in 0..masters {
-            nodes.push(start_cluster_node()?);
-        }
-        let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
-        create.extend(nodes.iter().map(|n| n.addr().to_string()));
-        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
-        let args: Vec<&str> = create.iter().map(String::as_str).collect();
-        cli(nodes[0].addr(), &args)?;
-        for node in &nodes {
-            wait_until(Duration::from_secs(30), "the cluster state is ok", || {
-                Ok(cli(node.addr(), &["CLUSTER", "INFO"])?.contains("cluster_state:ok"))
-            })?;
-        }
-        Ok(Self::of(nodes))
-    }
-}
-
-/// A cluster node's bus port is its own free port (not port + 10000, which may be taken
-/// or out of range); a start that loses a port race is retried with fresh ports. The
-/// nodes serve their slots while another is down (`cluster-require-full-coverage no`),
-/// as a production cluster whose failed primary has a replica to promote would.
-fn start_cluster_node() -> io::Result<RedisServer> {
-    retry(5, || {
-        let bus = free_port()?;
-        let config = RedisConfig {
-            persistent: false,
-            extra_args: [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-                "--cluster-require-full-coverage",
-                "no",
-                "--cluster-port",
-                &bus.to_string(),
-            ]
-            .map(String::from)
-            .to_vec(),
-        };
-        RedisServer::start(&config)
-    })
 }
 
 /// A Redis Sentinel as a [`Server`] kind: the name of the master it monitors.
