@@ -20,8 +20,8 @@ use crate::keys::{grant_field, hold_id, owner_field, KeyLayout, LockKeys};
 use crate::pubsub::{Registration, Subscriptions};
 use crate::results;
 use crate::scripts::{
-    parse_given_back, parse_inspect_queue, scripts, ttl_millis, wait_replicas, AcquireReply, Invocation, ReleaseReply,
-    RenewReply,
+    parse_given_back, parse_inspect_queue, ttl_millis, wait_replicas, AcquireReply, Invocation, ReleaseReply,
+    RenewReply, Scripts,
 };
 
 /// What this backend can do: everything, FIFO grants (`fair(true)`), queue lengths,
@@ -116,6 +116,8 @@ pub struct RedisBackend {
     conn: RedisConnection,
     layout: KeyLayout,
     subscriptions: Subscriptions,
+    /// The scripts that publish as the waiters listen (sharded on a Cluster of Redis 7).
+    scripts: &'static Scripts,
     replica_ack: Option<Acked>,
     local: LocalWaiters,
     /// How long a name's fence counter outlives its last grant, renewal or release, in ms.
@@ -149,7 +151,8 @@ impl std::fmt::Debug for RedisBackend {
 
 impl RedisBackend {
     /// A backend over an open connection. With a replica acknowledgement, `acked` are
-    /// the connections grants and renewals take, apart from `conn` (at least one).
+    /// the connections grants and renewals take, apart from `conn` (at least one). The
+    /// scripts publish their wake-ups as `subscriptions` listen for them.
     pub fn new(
         conn: RedisConnection,
         layout: KeyLayout,
@@ -165,6 +168,7 @@ impl RedisBackend {
         RedisBackend {
             conn,
             layout,
+            scripts: subscriptions.publish().scripts(),
             subscriptions,
             replica_ack,
             local: LocalWaiters::default(),
@@ -219,6 +223,7 @@ impl RedisBackend {
         let place = Place { id: req.id.as_str(), mode: PlaceMode::of(req), lapse_ms: ttl_millis(req.place_lapse()) };
         let call = match req.kind {
             HoldKind::Exclusive => acquire_call(
+                self.scripts,
                 keys,
                 (&owner_field(&req.owner), &grant_field(&req.id)),
                 &keys.void(&req.id),
@@ -226,6 +231,7 @@ impl RedisBackend {
                 place,
             ),
             kind => acquire_shared_call(
+                self.scripts,
                 keys,
                 (&hold_id(&req.owner, kind), req.id.as_str()),
                 &keys.void(&req.id),
@@ -267,7 +273,7 @@ impl RedisBackend {
     /// Gives back the grant `req` may have made (and only it), and refuses a late delivery
     /// of it. Whether there was a grant to give back.
     async fn give_back_grant(&self, req: &Request, keys: &LockKeys) -> Result<bool, LockError> {
-        let reply = give_back_call(keys, req).run(&mut self.conn.clone()).await.map_err(to_lock_error)?;
+        let reply = give_back_call(self.scripts, keys, req).run(&mut self.conn.clone()).await.map_err(to_lock_error)?;
         parse_given_back(reply).map_err(to_lock_error)
     }
 }
@@ -288,13 +294,14 @@ pub(crate) struct Place<'a> {
 /// The acquire script call of one request: its owner and grant fields, its marker key,
 /// its ttl and the name's keep time (both in ms), and its place in the queue.
 pub(crate) fn acquire_call(
+    scripts: &'static Scripts,
     keys: &LockKeys,
     (owner_field, grant_field): (&str, &str),
     void: &str,
     (ttl_ms, keep_ms): (u64, u64),
     place: Place<'_>,
 ) -> Invocation {
-    Invocation::new(&scripts().acquire, &[&keys.hold, &keys.fence, void, &keys.queue, &keys.places])
+    Invocation::new(&scripts.acquire, &[&keys.hold, &keys.fence, void, &keys.queue, &keys.places])
         .arg(owner_field)
         .arg(ttl_ms)
         .arg(grant_field)
@@ -308,6 +315,7 @@ pub(crate) fn acquire_call(
 /// The acquire script call of a reader's share or a permit (`kind`) for one request: its
 /// hold and request ids, its marker key, its ttl and the name's keep time, and its place.
 pub(crate) fn acquire_shared_call(
+    scripts: &'static Scripts,
     keys: &LockKeys,
     (hold, request): (&str, &str),
     void: &str,
@@ -319,30 +327,27 @@ pub(crate) fn acquire_shared_call(
         HoldKind::Permit { permits } => permits,
         HoldKind::Exclusive | HoldKind::Shared => 0,
     };
-    Invocation::new(
-        &scripts().acquire_shared,
-        &[&keys.hold, &keys.fence, void, &keys.queue, &keys.places, &keys.leases],
-    )
-    .arg(hold)
-    .arg(ttl_ms)
-    .arg(request)
-    .arg(place.id)
-    .arg(place.mode.arg())
-    .arg(&keys.wake_prefix)
-    .arg(kind.as_str())
-    .arg(permits)
-    .arg(place.lapse_ms)
-    .arg(keep_ms)
+    Invocation::new(&scripts.acquire_shared, &[&keys.hold, &keys.fence, void, &keys.queue, &keys.places, &keys.leases])
+        .arg(hold)
+        .arg(ttl_ms)
+        .arg(request)
+        .arg(place.id)
+        .arg(place.mode.arg())
+        .arg(&keys.wake_prefix)
+        .arg(kind.as_str())
+        .arg(permits)
+        .arg(place.lapse_ms)
+        .arg(keep_ms)
 }
 
 /// The renew script call of `hold`, whatever its kind, keeping the name's fence counter
 /// for `keep_ms`.
-fn renew_hold_call(hold: &RedisHold, ttl_ms: u64, keep_ms: u64) -> Invocation {
+fn renew_hold_call(scripts: &'static Scripts, hold: &RedisHold, ttl_ms: u64, keep_ms: u64) -> Invocation {
     match hold.kind {
         HoldKind::Exclusive => {
-            renew_call(&hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, (ttl_ms, keep_ms))
+            renew_call(scripts, &hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, (ttl_ms, keep_ms))
         }
-        kind => Invocation::new(&scripts().renew_shared, &[&hold.keys.hold, &hold.keys.leases, &hold.keys.fence])
+        kind => Invocation::new(&scripts.renew_shared, &[&hold.keys.hold, &hold.keys.leases, &hold.keys.fence])
             .arg(hold.hold_id())
             .arg(hold.token.to_string())
             .arg(ttl_ms)
@@ -353,11 +358,13 @@ fn renew_hold_call(hold: &RedisHold, ttl_ms: u64, keep_ms: u64) -> Invocation {
 }
 
 /// The release script call of `hold`, whatever its kind.
-fn release_hold_call(hold: &RedisHold, keep_ms: u64) -> Invocation {
+fn release_hold_call(scripts: &'static Scripts, hold: &RedisHold, keep_ms: u64) -> Invocation {
     match hold.kind {
-        HoldKind::Exclusive => release_call(&hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, keep_ms),
+        HoldKind::Exclusive => {
+            release_call(scripts, &hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, keep_ms)
+        }
         HoldKind::Shared | HoldKind::Permit { .. } => {
-            release_shared_call(&hold.keys, (&hold.hold_id(), hold.request_id()), hold.token, keep_ms)
+            release_shared_call(scripts, &hold.keys, (&hold.hold_id(), hold.request_id()), hold.token, keep_ms)
         }
     }
 }
@@ -365,12 +372,13 @@ fn release_hold_call(hold: &RedisHold, keep_ms: u64) -> Invocation {
 /// The release script call for one grant (by hold id and request id) of a reader's share
 /// or a permit.
 pub(crate) fn release_shared_call(
+    scripts: &'static Scripts,
     keys: &LockKeys,
     (hold, request): (&str, &str),
     token: u64,
     keep_ms: u64,
 ) -> Invocation {
-    Invocation::new(&scripts().release_shared, &[&keys.hold, &keys.queue, &keys.places, &keys.leases, &keys.fence])
+    Invocation::new(&scripts.release_shared, &[&keys.hold, &keys.queue, &keys.places, &keys.leases, &keys.fence])
         .arg(hold)
         .arg(token.to_string())
         .arg(&keys.channel)
@@ -382,12 +390,13 @@ pub(crate) fn release_shared_call(
 /// The renew script call for one grant (by owner and grant field) of the lock alone,
 /// keeping the name's fence counter for `keep_ms`.
 pub(crate) fn renew_call(
+    scripts: &'static Scripts,
     keys: &LockKeys,
     (owner_field, grant_field): (&str, &str),
     token: u64,
     (ttl_ms, keep_ms): (u64, u64),
 ) -> Invocation {
-    Invocation::new(&scripts().renew, &[&keys.hold, &keys.fence])
+    Invocation::new(&scripts.renew, &[&keys.hold, &keys.fence])
         .arg(owner_field)
         .arg(token.to_string())
         .arg(ttl_ms)
@@ -413,12 +422,13 @@ fn granted(req: &Request, keys: LockKeys, token: u64, handed_at: Option<tokio::t
 /// keeping the name's fence counter for `keep_ms`. The waiters it may hand the lock to
 /// follow as further arguments (see the `handoff` module).
 pub(crate) fn release_call(
+    scripts: &'static Scripts,
     keys: &LockKeys,
     (owner_field, grant_field): (&str, &str),
     token: u64,
     keep_ms: u64,
 ) -> Invocation {
-    Invocation::new(&scripts().release, &[&keys.hold, &keys.queue, &keys.places, &keys.fence])
+    Invocation::new(&scripts.release, &[&keys.hold, &keys.queue, &keys.places, &keys.fence])
         .arg(owner_field)
         .arg(token.to_string())
         .arg(&keys.channel)
@@ -428,14 +438,14 @@ pub(crate) fn release_call(
 }
 
 /// The give-back script call for whatever grant request `req` may have made on `keys`.
-pub(crate) fn give_back_call(keys: &LockKeys, req: &Request) -> Invocation {
+pub(crate) fn give_back_call(scripts: &'static Scripts, keys: &LockKeys, req: &Request) -> Invocation {
     let void = keys.void(&req.id);
     let call = match req.kind {
-        HoldKind::Exclusive => Invocation::new(&scripts().give_back, &[&keys.hold, &void, &keys.queue, &keys.places])
+        HoldKind::Exclusive => Invocation::new(&scripts.give_back, &[&keys.hold, &void, &keys.queue, &keys.places])
             .arg(owner_field(&req.owner))
             .arg(grant_field(&req.id)),
         kind @ (HoldKind::Shared | HoldKind::Permit { .. }) => {
-            Invocation::new(&scripts().give_back_shared, &[&keys.hold, &void, &keys.queue, &keys.places, &keys.leases])
+            Invocation::new(&scripts.give_back_shared, &[&keys.hold, &void, &keys.queue, &keys.places, &keys.leases])
                 .arg(hold_id(&req.owner, kind))
                 .arg(req.id.as_str())
         }
@@ -444,8 +454,8 @@ pub(crate) fn give_back_call(keys: &LockKeys, req: &Request) -> Invocation {
 }
 
 /// The abandon script call that gives up the place `place` in the queue of `keys`.
-pub(crate) fn abandon_call(keys: &LockKeys, place: &str) -> Invocation {
-    Invocation::new(&scripts().abandon, &[&keys.hold, &keys.queue, &keys.places]).arg(place).arg(&keys.wake_prefix)
+pub(crate) fn abandon_call(scripts: &'static Scripts, keys: &LockKeys, place: &str) -> Invocation {
+    Invocation::new(&scripts.abandon, &[&keys.hold, &keys.queue, &keys.places]).arg(place).arg(&keys.wake_prefix)
 }
 
 #[async_trait]
@@ -571,13 +581,13 @@ impl Backend for RedisBackend {
         }
         let Some(place) = ticket.place.as_deref() else { return };
         let keys = self.layout.lock(&req.name);
-        if let Err(err) = abandon_call(&keys, place).run(&mut self.conn.clone()).await {
+        if let Err(err) = abandon_call(self.scripts, &keys, place).run(&mut self.conn.clone()).await {
             tracing::debug!(%err, lock = %keys.hold, "giving up a place in the queue failed; it lapses on its own soon");
         }
     }
 
     async fn renew(&self, hold: &RedisHold, ttl: Duration) -> Result<Renewal, LockError> {
-        let call = renew_hold_call(hold, ttl_millis(ttl), self.keep_ms);
+        let call = renew_hold_call(self.scripts, hold, ttl_millis(ttl), self.keep_ms);
         let mut conn = match &self.replica_ack {
             None => self.conn.clone(),
             Some(acked) => acked.conn(),
@@ -604,7 +614,7 @@ impl Backend for RedisBackend {
     /// Names this client's waiters of the lock, so that the release can hand it to the
     /// head of the queue if that is one of them (see the `handoff` module).
     async fn release(&self, hold: &RedisHold) -> Result<Release, LockError> {
-        let mut call = release_hold_call(hold, self.keep_ms);
+        let mut call = release_hold_call(self.scripts, hold, self.keep_ms);
         let mut unsettled = None;
         if hold.kind == HoldKind::Exclusive && self.replica_ack.is_none() {
             call = self.local.name_waiters(&hold.keys.hold, call);
@@ -673,7 +683,7 @@ impl Backend for RedisBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockInfo, LockError> {
         let keys = self.layout.lock(name);
-        let reply: Value = Invocation::new(&scripts().inspect_queue, &[&keys.hold, &keys.places, &keys.leases])
+        let reply: Value = Invocation::new(&self.scripts.inspect_queue, &[&keys.hold, &keys.places, &keys.leases])
             .run(&mut self.conn.clone())
             .await
             .map_err(to_lock_error)?;

@@ -15,7 +15,7 @@ use crate::connection::RedisConnection;
 use crate::error::to_lock_error;
 use crate::keys::{hold_id_of, KeyLayout, LockKeys};
 use crate::results::{self, StoreReply};
-use crate::scripts::{ttl_millis, wait_replicas, AcquireReply, Invocation};
+use crate::scripts::{ttl_millis, wait_replicas, AcquireReply, Invocation, Scripts};
 
 /// The owner field every baseline call uses.
 const OWNER_FIELD: &str = "owner:raw-baseline";
@@ -41,6 +41,8 @@ fn no_place() -> Place<'static> {
 pub struct RedisBaseline {
     conn: RedisConnection,
     layout: KeyLayout,
+    /// The scripts the library's client sends over this connection.
+    scripts: &'static Scripts,
     replica_ack: Option<ReplicaAck>,
 }
 
@@ -51,14 +53,19 @@ impl std::fmt::Debug for RedisBaseline {
 }
 
 impl RedisBaseline {
-    pub(crate) fn new(conn: RedisConnection, layout: KeyLayout, replica_ack: Option<ReplicaAck>) -> Self {
-        RedisBaseline { conn, layout, replica_ack }
+    pub(crate) fn new(
+        conn: RedisConnection,
+        layout: KeyLayout,
+        scripts: &'static Scripts,
+        replica_ack: Option<ReplicaAck>,
+    ) -> Self {
+        RedisBaseline { conn, layout, scripts, replica_ack }
     }
 
     /// The acquire script call of an uncontended lock: its token.
     async fn acquire(&self, keys: &LockKeys) -> Result<u64, LockError> {
         let void = format!("{}:void:raw-baseline", keys.hold);
-        let acquire = acquire_call(keys, (OWNER_FIELD, GRANT_FIELD), &void, times(), no_place());
+        let acquire = acquire_call(self.scripts, keys, (OWNER_FIELD, GRANT_FIELD), &void, times(), no_place());
         match AcquireReply::parse(self.send(&acquire, &keys.hold).await?).map_err(to_lock_error)? {
             AcquireReply::Granted(token) => Ok(token),
             AcquireReply::Busy { .. } => Err(LockError::timeout()),
@@ -82,7 +89,9 @@ impl RawBaseline for RedisBaseline {
     async fn acquire_release(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
         let token = self.acquire(&keys).await?;
-        self.send(&release_call(&keys, (OWNER_FIELD, GRANT_FIELD), token, times().1), &keys.hold).await.map(drop)
+        self.send(&release_call(self.scripts, &keys, (OWNER_FIELD, GRANT_FIELD), token, times().1), &keys.hold)
+            .await
+            .map(drop)
     }
 
     /// The acquire, the store script call a campaign makes, and the release.
@@ -100,7 +109,9 @@ impl RawBaseline for RedisBaseline {
         if !stored.stored() {
             return Err(LockError::not_held());
         }
-        self.send(&release_call(&keys, (OWNER_FIELD, GRANT_FIELD), token, times().1), &keys.hold).await.map(drop)
+        self.send(&release_call(self.scripts, &keys, (OWNER_FIELD, GRANT_FIELD), token, times().1), &keys.hold)
+            .await
+            .map(drop)
     }
 
     async fn acquire_release_kind(&self, name: &LockName, kind: HoldKind) -> Result<(), LockError> {
@@ -110,17 +121,18 @@ impl RawBaseline for RedisBaseline {
         let keys = self.layout.lock(name);
         let void = format!("{}:void:{ID}", keys.hold);
         let hold = hold_id_of(ID, kind);
-        let acquire = acquire_shared_call(&keys, (&hold, ID), &void, times(), no_place(), kind);
+        let acquire = acquire_shared_call(self.scripts, &keys, (&hold, ID), &void, times(), no_place(), kind);
         match AcquireReply::parse(self.send(&acquire, &keys.hold).await?).map_err(to_lock_error)? {
-            AcquireReply::Granted(token) => {
-                self.send(&release_shared_call(&keys, (&hold, ID), token, times().1), &keys.hold).await.map(drop)
-            }
+            AcquireReply::Granted(token) => self
+                .send(&release_shared_call(self.scripts, &keys, (&hold, ID), token, times().1), &keys.hold)
+                .await
+                .map(drop),
             AcquireReply::Busy { .. } => Err(LockError::timeout()),
         }
     }
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        self.send(&renew_call(&keys, (OWNER_FIELD, GRANT_FIELD), 0, times()), &keys.hold).await.map(drop)
+        self.send(&renew_call(self.scripts, &keys, (OWNER_FIELD, GRANT_FIELD), 0, times()), &keys.hold).await.map(drop)
     }
 }

@@ -17,7 +17,9 @@ use dlock_core::{ConnectConfig, LockError};
 use crate::access::AccessConfig;
 use crate::config::{Node, RedisConfig, Topology};
 use crate::error::to_lock_error;
+use crate::scripts::Publish;
 use crate::sentinel::{MasterChanges, SentinelConnection, SentinelMaster};
+use crate::shards::{speak_sharded_pubsub, ShardNodes};
 use crate::{results, scripts};
 
 /// Reconnection attempts after a connection broke (each bounded by the connect
@@ -95,14 +97,17 @@ impl RedisConnection {
     }
 }
 
-/// Where to open a single-node connection (for pub/sub): the server, any Cluster node
-/// (a `PUBLISH` reaches every node of a Cluster), or the master Sentinel names now.
+/// Where pub/sub connections go: the server, any Cluster node (before Redis 7, a
+/// `PUBLISH` reaches every node of a Cluster), the primaries of a Cluster's shards
+/// (sharded pub/sub, Redis 7 or later), or the master Sentinel names now.
 #[derive(Clone)]
 pub enum NodeSource {
     /// One server.
     Single(Box<Client>),
-    /// The Cluster's seed nodes, tried in turn.
+    /// The Cluster's seed nodes, tried in turn, for classic pub/sub.
     Cluster(Vec<Client>),
+    /// The primary serving each channel's slot, for sharded pub/sub.
+    Shards(Box<ShardNodes>),
     /// The master a Sentinel names now, which the command connections follow too.
     Sentinel(SentinelMaster),
 }
@@ -113,18 +118,32 @@ impl std::fmt::Debug for NodeSource {
         f.write_str(match self {
             NodeSource::Single(_) => "Single",
             NodeSource::Cluster(_) => "Cluster",
+            NodeSource::Shards(_) => "Shards",
             NodeSource::Sentinel(_) => "Sentinel",
         })
     }
 }
 
 impl NodeSource {
-    /// A client for a node; `attempt` counts the failures so far, to rotate through
-    /// Cluster seeds (and, through Sentinel, to look the master up again).
+    /// How releases must be published for waiters listening through these nodes.
+    pub fn publish(&self) -> Publish {
+        match self {
+            NodeSource::Shards(_) => Publish::Sharded,
+            NodeSource::Single(_) | NodeSource::Cluster(_) | NodeSource::Sentinel(_) => Publish::Classic,
+        }
+    }
+
+    /// A client for the node of a classic pub/sub connection; `attempt` counts the
+    /// failures so far, to rotate through Cluster seeds (and, through Sentinel, to look
+    /// the master up again). Sharded pub/sub has no one node: an error.
     pub async fn client(&self, attempt: usize) -> RedisResult<Client> {
         match self {
             NodeSource::Single(client) => Ok((**client).clone()),
             NodeSource::Cluster(clients) => Ok(clients[attempt % clients.len()].clone()),
+            NodeSource::Shards(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "sharded pub/sub connects to the primary serving each channel's slot",
+            ))),
             NodeSource::Sentinel(master) => Ok(master.client(attempt)),
         }
     }
@@ -134,7 +153,7 @@ impl NodeSource {
     pub(crate) fn changes(&self) -> MasterChanges {
         match self {
             NodeSource::Sentinel(master) => master.changes(),
-            NodeSource::Single(_) | NodeSource::Cluster(_) => MasterChanges::none(),
+            NodeSource::Single(_) | NodeSource::Cluster(_) | NodeSource::Shards(_) => MasterChanges::none(),
         }
     }
 }
@@ -165,7 +184,7 @@ pub(crate) async fn connect_more(
         NodeSource::Sentinel(master) => {
             futures::future::join_all((0..count).map(|_| connect_to_master(config, master))).await
         }
-        NodeSource::Single(_) | NodeSource::Cluster(_) => {
+        NodeSource::Single(_) | NodeSource::Cluster(_) | NodeSource::Shards(_) => {
             let opened = futures::future::join_all((0..count).map(|_| connect_and_check(config, false))).await;
             opened.into_iter().map(|connected| connected.map(|c| c.commands)).collect()
         }
@@ -351,9 +370,16 @@ async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected>
             if let Some(certs) = certificates(ca) {
                 builder = builder.certs(certs);
             }
-            let conn = builder.build()?.get_async_connection().await?;
-            let clients = infos.into_iter().map(|info| client(info, ca)).collect::<RedisResult<Vec<_>>>()?;
-            Ok(Connected { commands: RedisConnection::Cluster(conn), nodes: NodeSource::Cluster(clients) })
+            let mut conn = builder.build()?.get_async_connection().await?;
+            // Wake-ups go by sharded pub/sub where the servers speak it: only the shard
+            // serving a lock's slot hears its releases, and waiters follow the slot.
+            let nodes = match speak_sharded_pubsub(&mut conn).await {
+                true => NodeSource::Shards(Box::new(ShardNodes::new(conn.clone(), config.clone(), ca))),
+                false => NodeSource::Cluster(
+                    infos.into_iter().map(|info| client(info, ca)).collect::<RedisResult<Vec<_>>>()?,
+                ),
+            };
+            Ok(Connected { commands: RedisConnection::Cluster(conn), nodes })
         }
         Topology::Sentinel { .. } => {
             let master = SentinelMaster::connect(config, ca).await?;

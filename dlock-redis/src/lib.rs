@@ -272,6 +272,7 @@ mod replies;
 pub mod results;
 pub mod scripts;
 mod sentinel;
+mod shards;
 
 use dlock_core::{Client, LockError};
 
@@ -289,6 +290,7 @@ pub use keys::{KeyLayout, LockKeys};
 /// The redis crate this one is built with: [`RedisConfig::from_client`] takes its `Client`.
 pub use redis;
 pub use redlock::{RedLockConfig, RedLockLocker, REDLOCK_CAPABILITIES};
+pub use shards::ShardNodes;
 
 /// The connections of their own that grants and renewals take when they wait for
 /// replicas: `WAIT` blocks the connection it is sent on for up to its timeout.
@@ -325,5 +327,6 @@ pub async fn connect(config: RedisConfig) -> Result<RedisLocker, LockError> {
 pub async fn raw_baseline(config: RedisConfig) -> Result<RedisBaseline, LockError> {
     let layout = KeyLayout::new(config.prefix())?;
     let connected = connection::connect(&config).await?;
-    Ok(RedisBaseline::new(connected.commands, layout, config.replica_ack()))
+    let scripts = connected.nodes.publish().scripts();
+    Ok(RedisBaseline::new(connected.commands, layout, scripts, config.replica_ack()))
 }

@@ -16,6 +16,8 @@ pub(crate) const QUEUE_LIB: &str = include_str!("lua/lib/queue.lua");
 pub(crate) const LEASES_LIB: &str = include_str!("lua/lib/leases.lua");
 pub(crate) const REPORTED_FENCE_LIB: &str = include_str!("lua/lib/reported_fence.lua");
 pub(crate) const WRITE_RESULT_LIB: &str = include_str!("lua/lib/write_result.lua");
+pub(crate) const PUBLISH_LIB: &str = include_str!("lua/lib/publish.lua");
+pub(crate) const SPUBLISH_LIB: &str = include_str!("lua/lib/spublish.lua");
 
 pub(crate) const ACQUIRE: &str = include_str!("lua/acquire.lua");
 pub(crate) const RENEW: &str = include_str!("lua/renew.lua");
@@ -46,7 +48,7 @@ mod tests {
         PERMITS_FIELD_PREFIX, REQUEST_FIELD_PREFIX, TOKEN_FIELD,
     };
 
-    const ALL: [&str; 25] = [
+    const ALL: [&str; 27] = [
         ABOVE_LIB,
         HOLD_LIB,
         CLOCK_LIB,
@@ -56,6 +58,8 @@ mod tests {
         LEASES_LIB,
         REPORTED_FENCE_LIB,
         WRITE_RESULT_LIB,
+        PUBLISH_LIB,
+        SPUBLISH_LIB,
         ACQUIRE,
         RENEW,
         RELEASE,
@@ -117,6 +121,19 @@ mod tests {
         assert!(code(HOLD_LIB).contains(&format!("'{OWNER_FIELD_PREFIX}'")));
         assert_eq!(code(LENGTHEN_LIB).matches(&format!("'{EXTENDED_FIELD}'")).count(), 4);
         assert!(code(HOLD_LIB).contains(&format!("string.sub(field, {})", OWNER_FIELD_PREFIX.len() + 1)));
+    }
+
+    #[test]
+    fn scripts_publish_only_through_the_publish_libraries() {
+        for script in ALL.into_iter().filter(|s| ![PUBLISH_LIB, SPUBLISH_LIB].contains(s)) {
+            let code = code(script).to_ascii_lowercase();
+            assert!(!code.contains("'publish'") && !code.contains("'spublish'"), "{script}");
+        }
+        assert_eq!(
+            code(PUBLISH_LIB).replace("'publish'", "'spublish'"),
+            code(SPUBLISH_LIB),
+            "the two libraries differ in their command alone"
+        );
     }
 
     #[test]

@@ -11,17 +11,27 @@
 //! unsubscribes in the order waiters come and go, checks the connection with a `PING`
 //! now and then, and reconnects (resubscribing everything) when it breaks, or, through
 //! Sentinel, when the client moves to a new master: releases are published there.
+//!
+//! On a Cluster of Redis 7 or later the task listens by sharded pub/sub instead, on the
+//! primary that serves each channel's slot ([`crate::shards`]): a channel whose
+//! subscription is lost there (its slot migrated, its primary failed over or stopped
+//! answering) is subscribed again where the slot is served then, with a growing delay
+//! while that fails, and its waiters are woken once it is (a release may have been
+//! published meanwhile). Channels of other slots keep their subscriptions.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::Instant;
 
 use crate::connection::NodeSource;
+use crate::scripts::Publish;
 use crate::sentinel::MasterChanges;
+use crate::shards::{ShardEvent, Shards};
 
 /// How often an idle pub/sub connection is checked with a `PING`.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -29,6 +39,11 @@ const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Delay between reconnection attempts, doubling up to the maximum.
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// The delay before the next attempt after `failures` failed ones.
+fn backoff(failures: usize) -> Duration {
+    RECONNECT_MIN.saturating_mul(1 << failures.min(6)).min(RECONNECT_MAX)
+}
 
 /// The shared pub/sub connection of one client.
 #[derive(Clone)]
@@ -45,6 +60,8 @@ impl std::fmt::Debug for Subscriptions {
 struct Shared {
     state: Mutex<State>,
     requests: mpsc::UnboundedSender<Request>,
+    /// How the waiters listen, so how releases must be published.
+    publish: Publish,
 }
 
 #[derive(Default)]
@@ -153,10 +170,15 @@ impl Subscriptions {
     /// waiter subscribes). Must be called inside a Tokio runtime.
     pub fn start(nodes: NodeSource, connect_timeout: Duration, op_timeout: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), requests: tx });
+        let shared = Arc::new(Shared { state: Mutex::new(State::default()), requests: tx, publish: nodes.publish() });
         let task = Task { shared: Arc::downgrade(&shared), nodes, connect_timeout, op_timeout };
         tokio::spawn(task.run(rx));
         Subscriptions { shared }
+    }
+
+    /// How releases must be published for these subscriptions to hear them.
+    pub fn publish(&self) -> Publish {
+        self.shared.publish
     }
 
     /// Registers for `channel`, returning once a message published from now on will wake
@@ -249,6 +271,130 @@ enum Ended {
     Moved,
 }
 
+/// What the task listens through.
+enum Link {
+    /// One connection, `SUBSCRIBE`: broken as a whole.
+    Classic { sink: PubSubSink, stream: PubSubStream },
+    /// A connection per primary of a Cluster, `SSUBSCRIBE`: channels are lost and placed
+    /// again one by one, and the link as a whole never breaks.
+    Sharded(Box<Shards>),
+}
+
+/// What a link heard.
+enum Event {
+    Message {
+        channel: String,
+        payload: Vec<u8>,
+    },
+    /// These channels are subscribed nowhere any more.
+    Lost(Vec<String>),
+    /// The connection broke.
+    Broken,
+}
+
+impl Link {
+    async fn next(&mut self) -> Event {
+        match self {
+            Link::Classic { stream, .. } => match stream.next().await {
+                Some(message) => Event::Message {
+                    channel: message.get_channel_name().to_string(),
+                    payload: message.get_payload_bytes().to_vec(),
+                },
+                None => Event::Broken,
+            },
+            Link::Sharded(shards) => match shards.next().await {
+                ShardEvent::Message { channel, payload } => Event::Message { channel, payload },
+                ShardEvent::Lost(channels) => Event::Lost(channels),
+            },
+        }
+    }
+
+    /// Subscribes `channels`: those subscribed now, or `None` when the link broke.
+    async fn subscribe(&mut self, channels: &[String], timeout: Duration) -> Option<Vec<String>> {
+        match self {
+            Link::Classic { sink, .. } => match tokio::time::timeout(timeout, sink.subscribe(channels)).await {
+                Ok(Ok(())) => Some(channels.to_vec()),
+                _ => None,
+            },
+            Link::Sharded(shards) => Some(shards.subscribe(channels).await),
+        }
+    }
+
+    /// Unsubscribes `channel`; false when the link broke.
+    async fn unsubscribe(&mut self, channel: &str, timeout: Duration) -> bool {
+        match self {
+            Link::Classic { sink, .. } => {
+                matches!(tokio::time::timeout(timeout, sink.unsubscribe(channel)).await, Ok(Ok(())))
+            }
+            Link::Sharded(shards) => {
+                shards.unsubscribe(channel).await;
+                true
+            }
+        }
+    }
+
+    /// Checks the connections with a `PING`; false when the link broke (a sharded link
+    /// closes the connections that fail, and their channels come as lost).
+    async fn check(&mut self, timeout: Duration) -> bool {
+        match self {
+            Link::Classic { sink, .. } => {
+                matches!(tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await, Ok(Ok(_)))
+            }
+            Link::Sharded(shards) => {
+                shards.check().await;
+                true
+            }
+        }
+    }
+}
+
+/// The channels a sharded link could not subscribe (their primary unreachable, or not
+/// known yet), tried again with a delay that grows while they keep failing.
+#[derive(Default)]
+struct Unplaced {
+    channels: BTreeSet<String>,
+    failures: usize,
+    at: Option<Instant>,
+}
+
+impl Unplaced {
+    fn add(&mut self, channel: String) {
+        self.channels.insert(channel);
+        if self.at.is_none() {
+            self.at = Some(Instant::now() + backoff(self.failures));
+        }
+    }
+
+    fn contains(&self, channel: &str) -> bool {
+        self.channels.contains(channel)
+    }
+
+    fn remove(&mut self, channel: &str) {
+        self.channels.remove(channel);
+        if self.channels.is_empty() {
+            *self = Unplaced::default();
+        }
+    }
+
+    /// Completes when the channels are due for another try; never while there are none.
+    async fn due(&self) {
+        match self.at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// After a round of tries: again later, if some are left.
+    fn tried(&mut self) {
+        if self.channels.is_empty() {
+            *self = Unplaced::default();
+        } else {
+            self.failures += 1;
+            self.at = Some(Instant::now() + backoff(self.failures));
+        }
+    }
+}
+
 impl Task {
     async fn run(self, mut requests: mpsc::UnboundedReceiver<Request>) {
         // Idle until someone subscribes.
@@ -265,14 +411,14 @@ impl Task {
             let wake_all = reconnecting || failures > 0;
             // Seen before the node is chosen: a move after this one reconnects again.
             moves.seen();
-            let (sink, stream) = match self.connect(failures, wake_all).await {
-                Some(connection) => connection,
+            let link = match self.connect(failures, wake_all).await {
+                Some(link) => link,
                 None => {
                     // Answer waiters at once: the wake-up after reconnecting covers them.
                     if !self.drain(&mut requests, &mut pending) {
                         return;
                     }
-                    let delay = RECONNECT_MIN.saturating_mul(1 << failures.min(6)).min(RECONNECT_MAX);
+                    let delay = backoff(failures);
                     failures += 1;
                     tokio::time::sleep(delay).await;
                     continue;
@@ -280,7 +426,7 @@ impl Task {
             };
             failures = 0;
             reconnecting = true;
-            match self.serve(sink, stream, &mut requests, &mut pending, &mut moves).await {
+            match self.serve(link, &mut requests, &mut pending, &mut moves).await {
                 Ended::Closed => return,
                 Ended::Broken => tracing::debug!("the Redis pub/sub connection broke; reconnecting"),
                 Ended::Moved => tracing::debug!("the Redis master changed; moving the pub/sub connection to it"),
@@ -301,8 +447,16 @@ impl Task {
     }
 
     /// Connects and subscribes to every channel that has waiters, then wakes them all if
-    /// `wake_all`.
-    async fn connect(&self, attempt: usize, wake_all: bool) -> Option<(PubSubSink, PubSubStream)> {
+    /// `wake_all`. A sharded link connects to each primary when it first subscribes a
+    /// channel there; it never breaks, so it is made once, before any channel.
+    async fn connect(&self, attempt: usize, wake_all: bool) -> Option<Link> {
+        if let NodeSource::Shards(nodes) = &self.nodes {
+            return Some(Link::Sharded(Box::new(Shards::new(
+                (**nodes).clone(),
+                self.connect_timeout,
+                self.op_timeout,
+            ))));
+        }
         let open = async {
             let client = self.nodes.client(attempt).await?;
             let (mut sink, stream) = client.get_async_pubsub().await?.split();
@@ -338,19 +492,19 @@ impl Task {
         if wake_all {
             shared.wake(None, None);
         }
-        Some((sink, stream))
+        Some(Link::Classic { sink, stream })
     }
 
     async fn serve(
         &self,
-        mut sink: PubSubSink,
-        mut stream: PubSubStream,
+        mut link: Link,
         requests: &mut mpsc::UnboundedReceiver<Request>,
         pending: &mut Option<Request>,
         moves: &mut MasterChanges,
     ) -> Ended {
         let mut health = tokio::time::interval(HEALTH_CHECK_EVERY);
         health.reset();
+        let mut unplaced = Unplaced::default();
         loop {
             let request = match pending.take() {
                 Some(request) => Some(request),
@@ -359,18 +513,33 @@ impl Task {
                         Some(request) => Some(request),
                         None => return Ended::Closed,
                     },
-                    message = stream.next() => match message {
-                        Some(message) => {
-                            let Some(shared) = self.shared.upgrade() else { return Ended::Closed };
-                            shared.wake(Some(message.get_channel_name()), Some(message.get_payload_bytes()));
-                            None
+                    event = link.next() => {
+                        let Some(shared) = self.shared.upgrade() else { return Ended::Closed };
+                        match event {
+                            Event::Message { channel, payload } => shared.wake(Some(&channel), Some(&payload)),
+                            Event::Lost(channels) => {
+                                let mut state = shared.state();
+                                for channel in channels {
+                                    if let Some(entry) = state.channels.get_mut(&channel) {
+                                        entry.confirmed = false;
+                                        unplaced.add(channel);
+                                    }
+                                }
+                            }
+                            Event::Broken => return self.broken(),
                         }
-                        None => return self.broken(),
+                        None
                     },
                     _ = health.tick() => {
-                        match tokio::time::timeout(self.op_timeout, sink.ping::<redis::Value>()).await {
-                            Ok(Ok(_)) => None,
-                            _ => return self.broken(),
+                        if !link.check(self.op_timeout).await {
+                            return self.broken();
+                        }
+                        None
+                    }
+                    () = unplaced.due() => {
+                        match self.place(&mut link, &mut unplaced).await {
+                            Some(()) => None,
+                            None => return self.broken(),
                         }
                     }
                     () = moves.changed() => {
@@ -389,9 +558,15 @@ impl Task {
                         confirm(&shared, &channel, done);
                         continue;
                     }
+                    if unplaced.contains(&channel) {
+                        // Its primary could not be reached just now: answered at once, and
+                        // woken when the next try places it.
+                        let _ = done.send(());
+                        continue;
+                    }
                     drop(shared);
-                    match tokio::time::timeout(self.op_timeout, sink.subscribe(&channel)).await {
-                        Ok(Ok(())) => {
+                    match link.subscribe(std::slice::from_ref(&channel), self.op_timeout).await {
+                        Some(subscribed) if !subscribed.is_empty() => {
                             if let Some(shared) = self.shared.upgrade() {
                                 if let Some(entry) = shared.state().channels.get_mut(&channel) {
                                     entry.confirmed = true;
@@ -399,7 +574,11 @@ impl Task {
                                 confirm(&shared, &channel, done);
                             }
                         }
-                        _ => {
+                        Some(_) => {
+                            let _ = done.send(());
+                            unplaced.add(channel);
+                        }
+                        None => {
                             let _ = done.send(());
                             return self.broken();
                         }
@@ -411,13 +590,39 @@ impl Task {
                         continue;
                     }
                     drop(shared);
-                    let unsubscribed = tokio::time::timeout(self.op_timeout, sink.unsubscribe(&channel)).await;
-                    if !matches!(unsubscribed, Ok(Ok(()))) {
+                    if unplaced.contains(&channel) {
+                        unplaced.remove(&channel);
+                        continue;
+                    }
+                    if !link.unsubscribe(&channel, self.op_timeout).await {
                         return self.broken();
                     }
                 }
             }
         }
+    }
+
+    /// Tries to subscribe the unplaced channels that still have waiters, and wakes the
+    /// waiters of each one subscribed: a release may have gone unheard meanwhile. `None`
+    /// when the link broke.
+    async fn place(&self, link: &mut Link, unplaced: &mut Unplaced) -> Option<()> {
+        let wanted: Vec<String> = {
+            let shared = self.shared.upgrade()?;
+            let state = shared.state();
+            unplaced.channels.iter().filter(|c| state.channels.contains_key(*c)).cloned().collect()
+        };
+        unplaced.channels.retain(|c| wanted.contains(c));
+        let subscribed = link.subscribe(&wanted, self.op_timeout).await?;
+        let shared = self.shared.upgrade()?;
+        for channel in &subscribed {
+            unplaced.channels.remove(channel);
+            if let Some(entry) = shared.state().channels.get_mut(channel) {
+                entry.confirmed = true;
+            }
+            shared.wake(Some(channel), None);
+        }
+        unplaced.tried();
+        Some(())
     }
 
     /// The connection broke: forget confirmations (they were for the old connection).

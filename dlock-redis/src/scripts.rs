@@ -14,8 +14,8 @@ use redis::{cmd, Arg, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRe
 use crate::config::ReplicaAck;
 use crate::lua::{
     ABANDON, ABOVE_LIB, ACQUIRE, ACQUIRE_SHARED, CLOCK_LIB, FENCE_LIB, GIVE_BACK, GIVE_BACK_SHARED, GRANT, HOLD_LIB,
-    INSPECT, INSPECT_QUEUE, LEASES_LIB, LENGTHEN_LIB, QUEUE_LIB, READ_FENCE, RELEASE, RELEASE_SHARED, RENEW,
-    RENEW_SHARED, REPORTED_FENCE_LIB,
+    INSPECT, INSPECT_QUEUE, LEASES_LIB, LENGTHEN_LIB, PUBLISH_LIB, QUEUE_LIB, READ_FENCE, RELEASE, RELEASE_SHARED,
+    RENEW, RENEW_SHARED, REPORTED_FENCE_LIB, SPUBLISH_LIB,
 };
 pub use crate::replies::{
     parse_given_back, parse_inspect_queue, AcquireReply, GrantReply, HoldView, ReleaseReply, RenewReply,
@@ -58,7 +58,7 @@ impl LuaScript {
 }
 
 /// The lock scripts, hashed once per process, each composed of the libraries it calls
-/// and its own text.
+/// and its own text; one set per [`Publish`] way.
 pub struct Scripts {
     /// See `src/lua/acquire.lua`.
     pub acquire: LuaScript,
@@ -94,33 +94,64 @@ impl std::fmt::Debug for Scripts {
     }
 }
 
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let queued = |body: &str| LuaScript::new(format!("{CLOCK_LIB}{QUEUE_LIB}{LENGTHEN_LIB}{body}"));
-    let fenced = |body: &str| LuaScript::new(format!("{FENCE_LIB}{CLOCK_LIB}{QUEUE_LIB}{LENGTHEN_LIB}{body}"));
-    let leased = |body: &str| LuaScript::new(format!("{FENCE_LIB}{CLOCK_LIB}{QUEUE_LIB}{LEASES_LIB}{body}"));
-    Scripts {
-        acquire: fenced(ACQUIRE),
-        renew: LuaScript::new(format!("{FENCE_LIB}{CLOCK_LIB}{LENGTHEN_LIB}{RENEW}")),
-        release: fenced(RELEASE),
-        give_back: queued(GIVE_BACK),
-        inspect: LuaScript::new(format!("{HOLD_LIB}{INSPECT}")),
-        abandon: queued(ABANDON),
-        inspect_queue: LuaScript::new(format!("{ABOVE_LIB}{CLOCK_LIB}{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}")),
-        grant: LuaScript::new(format!("{ABOVE_LIB}{REPORTED_FENCE_LIB}{CLOCK_LIB}{LENGTHEN_LIB}{GRANT}")),
-        read_fence: LuaScript::new(format!("{REPORTED_FENCE_LIB}{READ_FENCE}")),
-        acquire_shared: leased(ACQUIRE_SHARED),
-        renew_shared: leased(RENEW_SHARED),
-        release_shared: leased(RELEASE_SHARED),
-        give_back_shared: leased(GIVE_BACK_SHARED),
-    }
-});
+/// How the scripts publish their wake-ups, which must be how the client's waiters listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Publish {
+    /// `PUBLISH`, heard by `SUBSCRIBE`: a single server, Sentinel, RedLock, and a Cluster
+    /// of servers before Redis 7 (where the message goes to every node).
+    Classic,
+    /// `SPUBLISH`, heard by `SSUBSCRIBE` on the shard that serves the channel's slot: a
+    /// Cluster of Redis 7 or later.
+    Sharded,
+}
 
-/// The lock scripts of this crate.
+impl Publish {
+    /// The lock scripts that publish this way.
+    pub fn scripts(self) -> &'static Scripts {
+        match self {
+            Publish::Classic => &CLASSIC,
+            Publish::Sharded => &SHARDED,
+        }
+    }
+}
+
+static CLASSIC: LazyLock<Scripts> = LazyLock::new(|| Scripts::compose(PUBLISH_LIB));
+static SHARDED: LazyLock<Scripts> = LazyLock::new(|| Scripts::compose(SPUBLISH_LIB));
+
+/// The lock scripts of this crate that publish with `PUBLISH` ([`Publish::Classic`]).
 pub fn scripts() -> &'static Scripts {
-    &SCRIPTS
+    &CLASSIC
 }
 
 impl Scripts {
+    /// The lock scripts, with `publish` (the text of `lib/publish.lua` or
+    /// `lib/spublish.lua`) in front of every one that includes the queue library, which
+    /// publishes: the two sets differ in the publishing command alone.
+    fn compose(publish: &str) -> Self {
+        let queued = |body: &str| LuaScript::new(format!("{publish}{CLOCK_LIB}{QUEUE_LIB}{LENGTHEN_LIB}{body}"));
+        let fenced =
+            |body: &str| LuaScript::new(format!("{publish}{FENCE_LIB}{CLOCK_LIB}{QUEUE_LIB}{LENGTHEN_LIB}{body}"));
+        let leased =
+            |body: &str| LuaScript::new(format!("{publish}{FENCE_LIB}{CLOCK_LIB}{QUEUE_LIB}{LEASES_LIB}{body}"));
+        Scripts {
+            acquire: fenced(ACQUIRE),
+            renew: LuaScript::new(format!("{FENCE_LIB}{CLOCK_LIB}{LENGTHEN_LIB}{RENEW}")),
+            release: fenced(RELEASE),
+            give_back: queued(GIVE_BACK),
+            inspect: LuaScript::new(format!("{HOLD_LIB}{INSPECT}")),
+            abandon: queued(ABANDON),
+            inspect_queue: LuaScript::new(format!(
+                "{publish}{ABOVE_LIB}{CLOCK_LIB}{QUEUE_LIB}{HOLD_LIB}{INSPECT_QUEUE}"
+            )),
+            grant: LuaScript::new(format!("{ABOVE_LIB}{REPORTED_FENCE_LIB}{CLOCK_LIB}{LENGTHEN_LIB}{GRANT}")),
+            read_fence: LuaScript::new(format!("{REPORTED_FENCE_LIB}{READ_FENCE}")),
+            acquire_shared: leased(ACQUIRE_SHARED),
+            renew_shared: leased(RENEW_SHARED),
+            release_shared: leased(RELEASE_SHARED),
+            give_back_shared: leased(GIVE_BACK_SHARED),
+        }
+    }
+
     /// Every lock script, for loading them up front.
     pub fn all(&self) -> [&LuaScript; 13] {
         [
@@ -258,6 +289,20 @@ pub fn ttl_millis(ttl: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_two_sets_differ_in_the_publishing_command_alone() {
+        let (classic, sharded) = (Publish::Classic.scripts().all(), Publish::Sharded.scripts().all());
+        for (classic, sharded) in classic.iter().zip(sharded) {
+            let spublish = classic.code().replace(PUBLISH_LIB, SPUBLISH_LIB);
+            assert_eq!(spublish, sharded.code());
+            assert_eq!(classic.code().contains(PUBLISH_LIB), classic.get_hash() != sharded.get_hash());
+        }
+        for publishing in [&Publish::Sharded.scripts().release, &Publish::Sharded.scripts().acquire] {
+            assert!(publishing.code().starts_with(SPUBLISH_LIB));
+        }
+        assert!(std::ptr::eq(scripts(), Publish::Classic.scripts()));
+    }
 
     #[test]
     fn ttls_round_up_to_whole_milliseconds() {

@@ -1,4 +1,5 @@
--- Give up a waiter's place in the queue. Runs behind lib/queue.lua.
+-- Give up a waiter's place in the queue. Runs behind lib/publish.lua (or
+-- lib/spublish.lua) and lib/queue.lua.
 --
 -- KEYS: [1] hold, [2] queue, [3] places.
 -- ARGV: [1] place id, [2] wake-up channel prefix.

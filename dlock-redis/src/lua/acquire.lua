@@ -1,6 +1,7 @@
 -- Acquire an exclusive hold: grants when the hold is free or already the owner's and no
 -- other waiter queues ahead, else reports how long to wait, taking or keeping a place in
--- the queue. Runs behind lib/fence.lua, lib/clock.lua, lib/queue.lua and lib/lengthen.lua.
+-- the queue. Runs behind lib/publish.lua (or lib/spublish.lua), lib/fence.lua,
+-- lib/clock.lua, lib/queue.lua and lib/lengthen.lua.
 --
 -- KEYS: [1] hold, [2] fence counter, [3] void marker, [4] queue, [5] places.
 -- ARGV: [1] owner field, [2] ttl in ms, [3] grant field, [4] place id, [5] place mode,

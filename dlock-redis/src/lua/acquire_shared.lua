@@ -2,7 +2,7 @@
 -- readers, for a reader; for a permit, permits fewer than the request's number and than
 -- the number of every permit there) and no other waiter queues ahead, else reports how
 -- long to wait, taking or keeping a place in the queue as acquire.lua does. Runs behind
--- lib/fence.lua, lib/queue.lua and lib/leases.lua.
+-- lib/publish.lua (or lib/spublish.lua), lib/fence.lua, lib/queue.lua and lib/leases.lua.
 --
 -- KEYS: [1] hold, [2] fence counter, [3] void marker, [4] queue, [5] places, [6] leases.
 -- ARGV: [1] hold id, [2] ttl in ms, [3] request id, [4] place id, [5] place mode,

@@ -1,6 +1,7 @@
 -- Give back whatever grant one request may have made (its reply was lost), whichever
 -- token it has, give up the request's place in the queue, and mark the request given
--- back. Runs behind lib/queue.lua and lib/lengthen.lua.
+-- back. Runs behind lib/publish.lua (or lib/spublish.lua), lib/clock.lua, lib/queue.lua
+-- and lib/lengthen.lua.
 --
 -- KEYS: [1] hold, [2] void marker, [3] queue, [4] places.
 -- ARGV: [1] owner field, [2] grant field, [3] channel, [4] marker ttl in ms, [5] place
@@ -30,7 +31,7 @@ local was_head = redis.call('lindex', KEYS[3], 0) == ARGV[5]
 leave_queue(KEYS[3], KEYS[4], ARGV[5])
 if token or (was_head and (redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], 'kind') == 1)) then
   if not wake_head(KEYS[3], KEYS[4], ARGV[6]) and token then
-    redis.call('publish', ARGV[3], token)
+    publish(ARGV[3], token)
   end
 end
 redis.pcall('set', KEYS[2], 1, 'px', ARGV[4])

@@ -1,6 +1,7 @@
 -- Give back whatever reader's share or permit one request may have made (its reply was
 -- lost), give up the request's place, and mark the request given back, as give_back.lua
--- does for exclusive grants. Runs behind lib/fence.lua, lib/queue.lua and lib/leases.lua.
+-- does for exclusive grants. Runs behind lib/publish.lua (or lib/spublish.lua),
+-- lib/fence.lua, lib/queue.lua and lib/leases.lua.
 --
 -- KEYS: [1] hold, [2] void marker, [3] queue, [4] places, [5] leases.
 -- ARGV: [1] hold id, [2] request id, [3] channel, [4] marker ttl in ms, [5] place id,

@@ -1,7 +1,7 @@
 -- Release one grant of an exclusive hold (with this token); the owner's last one frees
 -- the lock and publishes the token: to the head of the queue alone when waiters queue,
--- else on the lock's channel. Runs behind lib/fence.lua, lib/queue.lua and
--- lib/lengthen.lua.
+-- else on the lock's channel. Runs behind lib/publish.lua (or lib/spublish.lua),
+-- lib/fence.lua, lib/clock.lua, lib/queue.lua and lib/lengthen.lua.
 --
 -- KEYS: [1] hold, [2] queue, [3] places, [4] fence counter.
 -- ARGV: [1] owner field, [2] token, [3] channel, [4] grant field, [5] wake-up channel
@@ -39,7 +39,7 @@ if tonumber(redis.call('hget', KEYS[1], ARGV[1])) <= 1 then
   keep_fence(KEYS[4], ARGV[6])
   local head = queue_head(KEYS[2], KEYS[3], now_ms())
   if not head then
-    redis.call('publish', ARGV[3], ARGV[2])
+    publish(ARGV[3], ARGV[2])
     return 1
   end
   for i = 7, #ARGV - 3, 4 do

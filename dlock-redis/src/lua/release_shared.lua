@@ -1,5 +1,6 @@
 -- Release one grant of a reader's share or a permit (with this token); the owner's last
--- one ends the hold. Runs behind lib/fence.lua, lib/queue.lua and lib/leases.lua.
+-- one ends the hold. Runs behind lib/publish.lua (or lib/spublish.lua), lib/fence.lua,
+-- lib/queue.lua and lib/leases.lua.
 --
 -- KEYS: [1] hold, [2] queue, [3] places, [4] leases, [5] fence counter.
 -- ARGV: [1] hold id, [2] token, [3] channel, [4] request id, [5] wake-up channel prefix,

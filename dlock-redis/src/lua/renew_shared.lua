@@ -1,6 +1,7 @@
 -- Renew a reader's share or a permit (this grant of it, with this token): keeps it for at
 -- least the ttl from now, and the fence counter for the keep time, as renew.lua does.
--- Runs behind lib/fence.lua, lib/queue.lua and lib/leases.lua.
+-- Runs behind lib/publish.lua (or lib/spublish.lua), lib/fence.lua, lib/queue.lua and
+-- lib/leases.lua.
 --
 -- KEYS: [1] hold, [2] leases, [3] fence counter.
 -- ARGV: [1] hold id, [2] token, [3] ttl in ms, [4] request id, [5] kind, [6] keep time in

@@ -447,7 +447,7 @@ async fn give_back(
                     }
                 }
             };
-            release_call(keys, (owner, grant), token, keep_ms).run(&mut conn).await
+            release_call(scripts(), keys, (owner, grant), token, keep_ms).run(&mut conn).await
         }
     });
     match tokio::time::timeout(timeout, futures::future::join_all(calls)).await {
@@ -587,7 +587,7 @@ impl Backend for RedLockBackend {
 
     async fn renew(&self, hold: &RedLockHold, ttl: Duration) -> Result<Renewal, LockError> {
         let times = (ttl_millis(ttl), self.keep_ms);
-        let call = renew_call(&hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, times);
+        let call = renew_call(scripts(), &hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, times);
         let call = Arc::new(call);
         let quorum = self.quorum;
         // No bound of its own: the client bounds a renewal by the lease's validity, and a
@@ -612,7 +612,8 @@ impl Backend for RedLockBackend {
     }
 
     async fn release(&self, hold: &RedLockHold) -> Result<Release, LockError> {
-        let call = release_call(&hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, self.keep_ms);
+        let call =
+            release_call(scripts(), &hold.keys, (&hold.owner_field, &hold.grant_field), hold.token, self.keep_ms);
         let call = Arc::new(call);
         let quorum = self.quorum;
         let mut answers = fan_out(
@@ -678,7 +679,7 @@ impl Backend for RedLockBackend {
     async fn give_back(&self, req: &Request, ticket: Option<RedLockTicket>) {
         drop(ticket);
         let keys = self.layout.lock(&req.name);
-        let call = Arc::new(give_back_call(&keys, req));
+        let call = Arc::new(give_back_call(scripts(), &keys, req));
         let answers = fan_out(
             &self.nodes,
             self.settle_timeout(),

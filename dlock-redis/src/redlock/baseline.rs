@@ -16,7 +16,7 @@ use super::nodes::Nodes;
 use crate::backend::{release_call, renew_call};
 use crate::error::to_lock_error;
 use crate::keys::{KeyLayout, LockKeys};
-use crate::scripts::{ttl_millis, GrantReply};
+use crate::scripts::{scripts, ttl_millis, GrantReply};
 
 /// The owner field every baseline call uses.
 const OWNER_FIELD: &str = "owner:raw-baseline";
@@ -99,7 +99,7 @@ impl RedLockBaseline {
     }
 
     async fn release(&self, keys: &LockKeys, token: u64, on: &[usize]) -> Result<(), LockError> {
-        let call = release_call(keys, (OWNER_FIELD, GRANT_FIELD), token, times().1);
+        let call = release_call(scripts(), keys, (OWNER_FIELD, GRANT_FIELD), token, times().1);
         for reply in join_all(on.iter().map(|&index| {
             let (call, mut conn) = (&call, self.nodes[index].conn.clone());
             async move { call.run(&mut conn).await }
@@ -135,7 +135,7 @@ impl RawBaseline for RedLockBaseline {
 
     async fn renew(&self, name: &LockName) -> Result<(), LockError> {
         let keys = self.layout.lock(name);
-        let call = renew_call(&keys, (OWNER_FIELD, GRANT_FIELD), 0, times());
+        let call = renew_call(scripts(), &keys, (OWNER_FIELD, GRANT_FIELD), 0, times());
         for reply in join_all(self.nodes.iter().map(|link| {
             let (call, mut conn) = (&call, link.conn.clone());
             async move { call.run(&mut conn).await }

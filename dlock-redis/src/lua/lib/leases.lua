@@ -1,5 +1,5 @@
 -- Library: the holds of readers and permits, put behind lib/queue.lua (hand_on wakes the
--- head of the queue).
+-- head of the queue, or publishes with lib/publish.lua's or lib/spublish.lua's publish).
 --
 -- KEYS: none (the functions are given the hold hash's, the leases set's and the queue's
 --   keys).
@@ -104,7 +104,7 @@ end
 local function hand_on(hold, queue, places, prefix, channel, token, kind)
   if kind == 'permit' or redis.call('exists', hold) == 0 then
     if not wake_head(queue, places, prefix) then
-      redis.call('publish', channel, token)
+      publish(channel, token)
     end
     return true
   end

@@ -1,5 +1,6 @@
 -- Library: the queue of waiters, put in front of the single-server scripts that queue,
--- wake or count waiters. Runs behind lib/clock.lua.
+-- wake or count waiters, behind lib/publish.lua or lib/spublish.lua (wake publishes) and
+-- lib/clock.lua.
 --
 -- KEYS: none (the functions are given the queue list's and the places hash's keys).
 -- ARGV: none (the place id, the lapse and the wake-up channel prefix are passed to them).
@@ -55,7 +56,7 @@ local function take_place(queue, places, id, now, lapse)
   end
 end
 local function wake(prefix, id)
-  redis.call('publish', prefix .. (string.match(id, '^(.*):[^:]*$') or id), id)
+  publish(prefix .. (string.match(id, '^(.*):[^:]*$') or id), id)
 end
 local function wake_head(queue, places, prefix)
   local head = queue_head(queue, places, now_ms())
