@@ -18,6 +18,12 @@
 //! answering) is subscribed again where the slot is served then, with a growing delay
 //! while that fails, and its waiters are woken once it is (a release may have been
 //! published meanwhile). Channels of other slots keep their subscriptions.
+//!
+//! A waiter waits for its subscription a quarter of the operation timeout at most: past
+//! that (the pub/sub connection cannot be opened, or its server is frozen while the
+//! command connection works) it looks at the lock without it and falls back to looking
+//! again at the holder's remaining ttl; the registration stays, and is woken when the
+//! subscription is in place after all.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,6 +46,9 @@ const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
+/// The share of the operation timeout a waiter waits for its subscription.
+const CONFIRM_SHARE: u32 = 4;
+
 /// The delay before the next attempt after `failures` failed ones.
 fn backoff(failures: usize) -> Duration {
     RECONNECT_MIN.saturating_mul(1 << failures.min(6)).min(RECONNECT_MAX)
@@ -60,6 +69,8 @@ impl std::fmt::Debug for Subscriptions {
 struct Shared {
     state: Mutex<State>,
     requests: mpsc::UnboundedSender<Request>,
+    /// How long a waiter waits for its subscription before it looks without it.
+    confirm_within: Duration,
     /// How the waiters listen, so how releases must be published.
     publish: Publish,
 }
@@ -170,7 +181,12 @@ impl Subscriptions {
     /// waiter subscribes). Must be called inside a Tokio runtime.
     pub fn start(nodes: NodeSource, connect_timeout: Duration, op_timeout: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), requests: tx, publish: nodes.publish() });
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            requests: tx,
+            confirm_within: op_timeout / CONFIRM_SHARE,
+            publish: nodes.publish(),
+        });
         let task = Task { shared: Arc::downgrade(&shared), nodes, connect_timeout, op_timeout };
         tokio::spawn(task.run(rx));
         Subscriptions { shared }
@@ -183,11 +199,21 @@ impl Subscriptions {
 
     /// Registers for `channel`, returning once a message published from now on will wake
     /// the registration: the server confirmed the subscription, or the connection is down
-    /// (and the registration will be woken when it is back).
+    /// (and the registration will be woken when it is back), or a quarter of the
+    /// operation timeout passed (and the registration will be woken when the subscription
+    /// is confirmed after all; the waiter looks again at the holder's ttl meanwhile).
     pub async fn subscribe(&self, channel: &str) -> Registration {
         let (registration, confirmation) = self.register(channel, Arc::new(Notify::new()));
-        confirmation.confirmed().await;
+        self.confirmed_in_time(channel, confirmation).await;
         registration
+    }
+
+    /// Waits for a confirmation, a quarter of the operation timeout at most.
+    async fn confirmed_in_time(&self, channel: &str, confirmation: Confirmation) {
+        let within = self.shared.confirm_within;
+        if tokio::time::timeout(within, confirmation.confirmed()).await.is_err() {
+            tracing::debug!(channel, ?within, "no pub/sub subscription in time; looking at the holder's ttl meanwhile");
+        }
     }
 
     /// Registers for `channel` at once, waking `notify` on each message (several
@@ -206,7 +232,7 @@ impl Subscriptions {
     pub async fn subscribe_for(&self, channel: &str, payload: &str) -> Registration {
         let (registration, confirmation) =
             self.register_for(channel, Some(payload.to_string()), Arc::new(Notify::new()));
-        confirmation.confirmed().await;
+        self.confirmed_in_time(channel, confirmation).await;
         registration
     }
 

@@ -4,6 +4,7 @@
 //! One module per server kind builds on [`Node`] and [`Server`]. Environment variables named
 //! `DLOCK_TEST_<KIND>_URL` point the suite at external servers instead (see [`external_url`]).
 
+pub mod connection_gate;
 pub mod etcd;
 pub mod mariadb;
 pub mod peer_gate;
