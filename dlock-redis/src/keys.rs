@@ -22,8 +22,11 @@
 //! client's or master's clock runs ahead of a master's by half of it): tokens never go
 //! back.
 //!
-//! The part in braces is the Cluster hash tag, so the hold, the counter, the leases and
-//! the result share one slot (a script may touch several). It is the name's
+//! The part in braces is the Cluster hash tag, so every key and channel of a name (hold,
+//! counter, leases, given-back markers, queue, places, result, and the release and
+//! wake-up channels) hashes to one slot: a script may touch several keys and publish on
+//! the channels, a migration moves them together, and on a Cluster the channels are
+//! sharded ones, heard on the shard that serves the slot. It is the name's
 //! [`LockName::encoded`] form, which is injective and never contains a brace: two names
 //! never share a key, and a name with `{` or `}` in it cannot move the tag.
 //!
@@ -242,6 +245,19 @@ mod tests {
             assert_eq!(tag(&keys.hold), tag(&keys.places));
             assert_eq!(tag(&keys.hold), tag(&keys.leases));
             assert_eq!(keys.hold.matches(['{', '}']).count(), 2, "{name}");
+            // The channels too: on a Cluster they are sharded, published from the scripts
+            // (which may touch only their keys' slot) and subscribed where that slot is.
+            let request = RequestId::new("0123abcd", 7);
+            let (wake, void) = (keys.wake(request.as_str()), keys.void(&request));
+            for key in [&keys.channel, &wake, &void] {
+                assert_eq!(tag(&keys.hold), tag(key), "{key}");
+            }
+            let slot = crate::shards::slot(keys.hold.as_bytes());
+            for key in
+                [&keys.fence, &keys.leases, &keys.queue, &keys.places, &keys.result(), &keys.channel, &wake, &void]
+            {
+                assert_eq!(crate::shards::slot(key.as_bytes()), slot, "{key}");
+            }
         }
     }
 }
