@@ -35,7 +35,8 @@
 //! as on every backend's configuration; `tls_ca`, with TLS, the credentials and the
 //! database, through [`AccessConfig`], as on [`RedLockConfig`]). A client keeps one
 //! multiplexed command connection, which reconnects on its own, and opens one pub/sub
-//! connection the first time one of its acquires has to wait. RedLock URLs have options
+//! connection the first time one of its acquires has to wait (on a Cluster of Redis 7 or
+//! later, one per primary its waiters listen on; see [Cluster](#cluster)). RedLock URLs have options
 //! of their own (see [`RedLockConfig::from_url`]) and connect with [`redlock::connect`].
 //!
 //! # How a lock lives in Redis
@@ -71,7 +72,8 @@
 //!   shortened); otherwise it returns the hold's remaining ttl (`PTTL`);
 //! - **renew** (the watchdog, every ttl/3) and **release** check the owner *and* the
 //!   token, so a stale lease can neither extend nor free a newer holder's lock; the last
-//!   release deletes the hash and `PUBLISH`es on the lock's channel;
+//!   release deletes the hash and `PUBLISH`es on the lock's channel (`SPUBLISH` on a
+//!   Cluster of Redis 7 or later);
 //! - every grant is recorded under the request that made it, which makes each script
 //!   idempotent: a call delivered twice (a retry after a broken connection, a Cluster
 //!   client re-sending) grants or releases once. An acquire whose reply was lost (a
@@ -82,7 +84,11 @@
 //!   memory, see below);
 //! - a **waiter** subscribes to the channel before it looks again, then sleeps until a
 //!   release message or the holder's remaining ttl (an expired or deleted hold sends no
-//!   message), on one pub/sub connection shared by every waiter of the client.
+//!   message), on one pub/sub connection shared by every waiter of the client. It waits
+//!   a quarter of the operation timeout for its subscription at most: when the pub/sub
+//!   connection cannot be opened in time (while commands work), it looks again at the
+//!   holder's ttl instead of failing the acquire, and is woken once the subscription is
+//!   in place after all.
 //!
 //! # Fair locks
 //!
@@ -244,9 +250,34 @@
 //! `min-replicas-to-write`: then two clients can hold one lock (one on each master), with
 //! the same token. Configure `min-replicas-to-write 1` (the old master then answers
 //! `NOREPLICAS`, which sends the client to the Sentinels), and keep the fencing check in
-//! the resource. On a Cluster
-//! (`redis+cluster://`) commands are routed by slot; a lock's keys share one slot, and
-//! release messages reach subscribers on any node.
+//! the resource.
+//!
+//! # Cluster
+//!
+//! On a Cluster (`redis+cluster://`) commands are routed by slot, and every key and
+//! channel of a lock hashes to the lock's slot (see [`keys`]). The client reads the
+//! servers' version when it connects. On Redis 7 or later wake-ups go by sharded
+//! pub/sub: the scripts `SPUBLISH`, so a release reaches only the shard (the primary and
+//! its replicas) that serves the lock's slot, not every node, and a waiter's client
+//! `SSUBSCRIBE`s on that primary, over one connection per primary it listens on. Which
+//! primary that is comes from `CLUSTER SLOTS` asked through the command connection (the
+//! URL's seed nodes may be gone) and from `MOVED`.
+//!
+//! When the slot migrates to another primary, or its primary fails over to a replica
+//! (`CLUSTER FAILOVER`, or the primary killed and its replica promoted), the old node
+//! drops the subscription (a `sunsubscribe` push) or its connection breaks; the client
+//! subscribes again where the slot is served then (trying again with a growing delay,
+//! up to 2 s, until the Cluster names a reachable primary) and wakes the lock's waiters,
+//! since a release may have come meanwhile. Subscriptions of other slots stay. The tests
+//! move a waited-for lock's slot to another primary, fail its primary over by hand, and
+//! kill it (with the waiters' client seeded by that primary alone): the waiters are
+//! woken by the release on the new primary within seconds, where the holder's ttl would
+//! have had them wait 30 s; and no node of another shard receives the release's message.
+//!
+//! The ACL user needs `SPUBLISH` and `SSUBSCRIBE` on the lock channels, and `INFO`
+//! (without it, or before Redis 7, the client keeps classic pub/sub: the scripts
+//! `PUBLISH`, which the Cluster sends to every node, and waiters listen on one of the
+//! URL's seed nodes).
 //!
 //! # Capabilities
 //!

@@ -1,9 +1,11 @@
 //! How the lock scripts are composed and called: each is the text of its file under
-//! `src/lua/` behind the libraries it calls, sent with `EVALSHA`, and sent whole with
-//! `EVAL` (which also caches it there) when the server answers `NOSCRIPT`: after a
-//! restart or a `SCRIPT FLUSH`, and on a Cluster, whose nodes are not loaded up front
-//! (one may be down, or a replica promoted later). Calls are optionally pipelined with
-//! `WAIT` for replicas. What the scripts answer is read by the types re-exported here.
+//! `src/lua/` behind the libraries it calls (in two sets, which publish with `PUBLISH` or,
+//! on a Cluster of Redis 7 or later, `SPUBLISH`: [`Publish`]), sent with `EVALSHA`, and
+//! sent whole with `EVAL` (which also caches it there) when the server answers
+//! `NOSCRIPT`: after a restart or a `SCRIPT FLUSH`, and on a Cluster, whose nodes are not
+//! loaded up front (one may be down, or a replica promoted later). Calls are optionally
+//! pipelined with `WAIT` for replicas. What the scripts answer is read by the types
+//! re-exported here.
 
 use std::sync::LazyLock;
 use std::time::Duration;
