@@ -536,12 +536,16 @@ impl AdvisoryBackend {
         match conn {
             #[cfg(feature = "postgres")]
             SessionConn::Postgres(c) => {
-                let (fence, kept): (Option<i64>, bool) =
+                let (fence, got, kept): (Option<i64>, bool, bool) =
                     sqlx::query_as(sql).bind(self.shared.classid).bind(id).bind(owner).fetch_one(&mut *c).await?;
-                match (fence, kept) {
-                    (Some(fence), _) => Ok(Tried::Granted(fence)),
-                    (None, true) => Ok(Tried::Busy),
-                    (None, false) => {
+                match (fence, got, kept) {
+                    (Some(fence), _, _) => Ok(Tried::Granted(fence)),
+                    (None, false, true) => Ok(Tried::Busy),
+                    (None, false, false) => Ok(Tried::Gone),
+                    // Taken on a key whose row went under the statement (it may still show
+                    // in the statement's snapshot): answering busy would leave the session
+                    // holding a lock of no row, and a try refused while the lock is free.
+                    (None, true, _) => {
                         if let Some(orphan) = &self.shared.sql.orphan {
                             sqlx::query(AssertSqlSafe(orphan.clone())).execute(&mut *c).await?;
                         }

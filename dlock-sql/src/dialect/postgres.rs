@@ -362,15 +362,27 @@ pub(super) fn advisory_sql(a: &str, classid: i32) -> AdvisorySql {
             "INSERT INTO {a} (name, fence, used_us) VALUES ($1, {NOW}, {NOW}) \
              ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id::int8"
         ),
-        // The sub-select runs once, before the row is written: the fence rises only under
-        // the lock. Its inner select takes the record key first. The second column says
-        // whether the row was there when the statement began: a sweep may have deleted it
-        // since the id was looked up.
+        // The try runs in a materialized CTE, which PostgreSQL runs exactly once per
+        // statement, taking the record key first; the update joins its answer, so the fence
+        // rises only under the lock. The try must not sit in the update's own condition:
+        // when a transaction that committed after the statement took its snapshot changed
+        // the row (another client's resolve of the name; a grant whose holder has let go
+        // since), the update re-checks its condition on the row's newest version
+        // (EvalPlanQual), which runs the sub-select again and takes the session lock a
+        // second time. The release's one unlock would then leave the lock held by a
+        // session back in the idle pool: until the server ends that session a ttl later,
+        // or for as long as later holds on the session keep it alive.
+        //
+        // The answer: the new fence (granted), whether this session took the lock, and
+        // whether the row was there when the statement began. A lock taken without a
+        // fence means the row went under the statement (a sweep deleted it since the id
+        // was looked up, or while the statement waited for the record key).
         try_lock: format!(
-            "WITH granted AS (UPDATE {a} SET fence = fence + 1, owner = $3, used_us = {NOW} WHERE id = $2 AND \
-             (SELECT pg_try_advisory_lock($1, $2) FROM (SELECT pg_advisory_xact_lock({record})) AS recorded) \
-             RETURNING fence) \
-             SELECT (SELECT fence FROM granted), EXISTS (SELECT 1 FROM {a} WHERE id = $2)",
+            "WITH tried AS MATERIALIZED (SELECT pg_try_advisory_lock($1, $2) AS got \
+             FROM (SELECT pg_advisory_xact_lock({record})) AS recorded), \
+             granted AS (UPDATE {a} SET fence = fence + 1, owner = $3, used_us = {NOW} FROM tried \
+             WHERE id = $2 AND tried.got RETURNING fence) \
+             SELECT (SELECT fence FROM granted), (SELECT got FROM tried), EXISTS (SELECT 1 FROM {a} WHERE id = $2)",
             record = record_key(classid, "$2")
         ),
         // The transaction-level lock on the row's own key cannot be had while a session
