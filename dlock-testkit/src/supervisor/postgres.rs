@@ -7,10 +7,12 @@
 //! clears), and the data directories are handed to that user.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use super::{cached, copy_tree, start_on_free_port, succeeded, Kind, Server};
+use super::{cached, copy_tree, start_on_free_port, succeeded, wait_for_port, Kind, Server, ServerProcess};
 
 const BIN_DIRS: &[&str] = &[
     "/usr/lib/postgresql/17/bin",
@@ -25,7 +27,25 @@ const BIN_DIRS: &[&str] = &[
 #[derive(Debug)]
 pub struct Postgres;
 
-impl Kind for Postgres {}
+impl Kind for Postgres {
+    /// Until `pg_isready` says it accepts connections: the server listens before it has
+    /// finished starting, and answers "the database system is starting up" until then.
+    fn ready(&self, addr: SocketAddr, process: &mut ServerProcess) -> io::Result<()> {
+        wait_for_port(addr, process, Self::START_TIMEOUT)?;
+        let pg_isready = program("pg_isready")?;
+        process.wait_until(
+            &format!("accepting connections on {addr}"),
+            Self::START_TIMEOUT,
+            Duration::from_millis(20),
+            || {
+                let status = Command::new(&pg_isready)
+                    .args(["-q", "-t", "2", "-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+                    .status()?;
+                Ok(status.success())
+            },
+        )
+    }
+}
 
 /// A running PostgreSQL server with its own data directory.
 pub type PostgresServer = Server<Postgres>;
