@@ -271,6 +271,12 @@ impl Server<Sentinel> {
     /// Starts a Sentinel as [`start`](Self::start) does, one of a group in which
     /// `quorum` Sentinels must agree that the master is down.
     pub fn start_with_quorum(master: SocketAddr, name: &str, quorum: usize) -> io::Result<Self> {
+        Self::start_with_config(master, name, quorum, &[])
+    }
+
+    /// Starts a Sentinel as [`start_with_quorum`](Self::start_with_quorum) does, with
+    /// `extra` lines in its config file (such as `sentinel auth-user <name> <user>`).
+    pub fn start_with_config(master: SocketAddr, name: &str, quorum: usize, extra: &[&str]) -> io::Result<Self> {
         let program = program("redis-server", BIN_DIRS)?;
         start_on_free_port(|port| {
             let dir = tempfile::Builder::new().prefix("dlock-sentinel-").tempdir()?;
@@ -282,10 +288,11 @@ impl Server<Sentinel> {
                      sentinel monitor {name} {ip} {master_port} {quorum}\n\
                      sentinel down-after-milliseconds {name} 1000\n\
                      sentinel failover-timeout {name} 5000\n\
-                     sentinel parallel-syncs {name} 1\n",
+                     sentinel parallel-syncs {name} 1\n{extra}",
                     dir = dir.path().display(),
                     ip = master.ip(),
                     master_port = master.port(),
+                    extra = extra.iter().map(|line| format!("{line}\n")).collect::<String>(),
                 ),
             )?;
             let args = vec![conf.display().to_string(), "--sentinel".into()];
@@ -311,6 +318,18 @@ impl Server<Sentinel> {
             return Err(io::Error::other(format!("no master address in {out:?}")));
         };
         format!("{ip}:{port}").parse().map_err(|e| io::Error::other(format!("master address {ip}:{port}: {e}")))
+    }
+
+    /// What the Sentinel says of the master (`SENTINEL MASTER`): `ip`, `port`, `flags`,
+    /// `config-epoch` and the rest. During a failover it led, `ip` and `port` name the old
+    /// master until the switch, while [`master_addr`](Self::master_addr) names the new one.
+    pub fn master_info(&self) -> io::Result<std::collections::HashMap<String, String>> {
+        let out = cli(self.addr(), &["SENTINEL", "MASTER", &self.kind().master])?;
+        let lines: Vec<&str> = out.lines().collect();
+        if lines.len() < 2 || !lines.len().is_multiple_of(2) {
+            return Err(io::Error::other(format!("no master fields in {out:?}")));
+        }
+        Ok(lines.chunks(2).map(|pair| (pair[0].to_string(), pair[1].to_string())).collect())
     }
 
     /// Waits until the Sentinel knows `replicas` replicas of the master.
