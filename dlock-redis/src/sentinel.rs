@@ -1,16 +1,28 @@
 //! Following the master a Sentinel group names.
 //!
 //! A client's connections through Sentinel share one [`SentinelMaster`]: the master's
-//! address now and a generation that counts the switches. Its command connections and its
-//! pub/sub connection move to a new master when the generation changes. Three things look
-//! for a switch:
+//! address now, the configuration epoch under which the Sentinels named it, and a
+//! generation that counts the switches. Its command connections and its pub/sub
+//! connection move to a new master when the generation changes.
+//!
+//! The master is looked up by asking every Sentinel of the URL at once, each within a
+//! share of the connect timeout, and following the answer of the newest configuration
+//! (see [`lookup`]): a Sentinel that never answers costs that share, not the lookup, and
+//! one that still names the old master (cut off during the failover, or restarted with
+//! an old configuration) is outweighed by one that names the new master under a higher
+//! epoch. The client never moves to a master of a lower epoch than the one it follows.
+//! A lookup that no Sentinel answers is tried again, with backoff, until one does.
+//! Three things look for a switch:
 //!
 //! - a subscription on each configured Sentinel (reconnecting with backoff) to the events
 //!   that name a new master for our master name: `+promoted-slave`, which the Sentinel
 //!   leading a failover publishes once the replica it chose serves as master, and
-//!   `+switch-master`, which every Sentinel publishes when it takes the new master on. The
-//!   client moves to the address they name. Each (re)subscription also looks the master
-//!   up once, since an event may have been published while nobody listened;
+//!   `+switch-master`, which every Sentinel publishes when it takes the new master on.
+//!   Neither carries the configuration epoch, so the client asks the Sentinel that
+//!   published it for the master at once (one round trip to a Sentinel that just spoke)
+//!   and follows its answer by the epoch rule: an announcement late or out of order moves
+//!   nothing back. Each (re)subscription also looks the master up once, since an event may
+//!   have been published while nobody listened;
 //! - `ROLE` on the main command connection every [`ROLE_CHECK_EVERY`]: a server that says
 //!   it is no longer a master, or does not answer, has the master looked up again;
 //! - a command that fails in a way that [suggests a failover](suggests_failover), or a
@@ -33,7 +45,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisFuture, RedisResult, Role, Value};
 use tokio::sync::{watch, Notify};
 
@@ -42,21 +53,36 @@ use dlock_core::ConnectConfig;
 
 use crate::access::AccessConfig;
 use crate::config::{Node, RedisConfig, Topology};
-use crate::connection::{certificates, client, manager_config, node_addr, node_info};
+use crate::connection::{client, manager_config, node_addr, node_info};
 use crate::error::{is_refused, suggests_failover};
+
+mod lookup;
+
+use lookup::{choose, Answer, Sentinels};
 
 /// How often the main command connection asks its server for its `ROLE`. One small
 /// command a second on a multiplexed connection costs nothing measurable; the Sentinels'
 /// announcement is the fast path, this is the net under it.
 const ROLE_CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// The share of the connect timeout a lookup waits for each Sentinel's answer (a third):
+/// a connect keeps the rest for connecting to the master it names.
+const LOOKUP_SHARE: u32 = 3;
+
 /// How often an idle subscription to a Sentinel is checked with a `PING` (a Sentinel cut
 /// off without a reset would otherwise leave the subscription silent for good).
 const SENTINEL_HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
 
-/// Delay between attempts to subscribe to a Sentinel, doubling up to the maximum.
+/// Delay between attempts to subscribe to a Sentinel (or to look the master up when no
+/// Sentinel answered), doubling up to the maximum.
 const RESUBSCRIBE_MIN: Duration = Duration::from_millis(100);
 const RESUBSCRIBE_MAX: Duration = Duration::from_secs(5);
+
+/// The delay before the next attempt after `failures` failed ones (subscribing to a
+/// Sentinel, or a lookup no Sentinel answered).
+fn backoff(failures: u32) -> Duration {
+    RESUBSCRIBE_MIN.saturating_mul(1 << failures.min(6)).min(RESUBSCRIBE_MAX)
+}
 
 /// The Sentinels' event of a new master taken on: `<master name> <old ip> <old port>
 /// <new ip> <new port>`.
@@ -81,8 +107,8 @@ impl std::fmt::Debug for SentinelMaster {
 }
 
 struct Shared {
-    /// The Sentinels' client, for looking the master up.
-    sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// The Sentinels of the URL, for looking the master up.
+    sentinels: Sentinels,
     /// The master now. Dropping the sender (with this) ends the background tasks.
     master: watch::Sender<Master>,
     /// Asks the lookup task to look the master up again; requests made while it looks
@@ -108,6 +134,9 @@ struct Master {
     generation: u64,
     /// `host:port`, as the Sentinels name it.
     address: String,
+    /// The configuration epoch under which the Sentinels named it (the highest the client
+    /// saw naming it): the client moves only to a master of a higher one.
+    epoch: u64,
     client: Client,
 }
 
@@ -124,15 +153,23 @@ impl SentinelMaster {
         let Topology::Sentinel { sentinels, master } = config.topology() else {
             return Err(redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "not a Sentinel topology")));
         };
-        let mut sentinel = sentinel_client(config, sentinels, master, ca)?;
-        let client = sentinel.async_get_client().await?;
+        let clients = sentinel_clients(config, sentinels, ca)?;
+        let lookup = Sentinels::new(master, sentinels.iter().map(Node::to_string).zip(clients.iter().cloned()));
+        let answers = lookup.ask_all(lookup_bound(config)).await?;
+        let Some(answer) = choose(&answers, |_| false) else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "no Sentinel answered",
+            )));
+        };
+        let client = client(node_info(&answer.master, config), ca)?;
         let settings = Settings { config: config.clone(), ca: ca.map(<[u8]>::to_vec), manager: manager_config(config) };
         let manager = ConnectionManager::new_with_config(client.clone(), settings.manager.clone()).await?;
         let address = address_of(&client);
-        let (master_tx, master_rx) = watch::channel(Master { generation: 0, address, client });
+        let (master_tx, master_rx) = watch::channel(Master { generation: 0, address, epoch: answer.epoch, client });
         let lookups = Arc::new(Notify::new());
         let shared = Arc::new(Shared {
-            sentinel: tokio::sync::Mutex::new(sentinel),
+            sentinels: lookup,
             master: master_tx,
             lookups: lookups.clone(),
             main: Arc::new(Mutex::new(Link { generation: 0, manager })),
@@ -141,11 +178,12 @@ impl SentinelMaster {
         let weak = Arc::downgrade(&shared);
         spawn_until_closed(master_rx.clone(), look_up_on_request(weak.clone(), lookups.clone()));
         spawn_until_closed(master_rx.clone(), check_role(weak.clone(), lookups.clone(), config.op_timeout()));
-        for (node, sentinel) in sentinels.iter().zip(sentinel_subscribers(config, sentinels, ca)?) {
+        for (index, (node, sentinel)) in sentinels.iter().zip(clients).enumerate() {
             let listener = Listener {
                 shared: weak.clone(),
                 lookups: lookups.clone(),
                 sentinel,
+                index,
                 at: node.to_string(),
                 master: master.clone(),
                 connect_timeout: config.connect_timeout(),
@@ -192,46 +230,81 @@ impl SentinelMaster {
 }
 
 impl Shared {
-    /// Asks the Sentinels for the master and moves to it, within the connect timeout.
-    async fn look_up(&self) {
-        let seen = self.master.borrow().generation;
-        let lookup = async { self.sentinel.lock().await.async_get_client().await };
-        match tokio::time::timeout(self.settings.config.connect_timeout(), lookup).await {
-            Ok(Ok(client)) => {
-                self.move_to(client, Some(seen), "looked up through Sentinel");
-            }
-            Ok(Err(err)) => tracing::debug!(%err, "looking up the Redis master through Sentinel failed"),
-            Err(_) => tracing::debug!("looking up the Redis master through Sentinel timed out"),
-        }
-    }
-
-    /// Moves to the master a Sentinel announced.
-    fn switch_to(&self, node: &Node, sentinel: &str) {
-        let info = node_info(node, &self.settings.config);
-        match client(info, self.settings.ca.as_deref()) {
-            Ok(master) => {
-                self.move_to(master, None, "announced by a Sentinel");
+    /// Asks every Sentinel for the master and follows the answer of the newest
+    /// configuration, within a share of the connect timeout. False when no Sentinel
+    /// answered.
+    async fn look_up(&self) -> bool {
+        match self.sentinels.ask_all(lookup_bound(&self.settings.config)).await {
+            Ok(answers) => {
+                let current = self.master.borrow().address.clone();
+                if let Some(answer) =
+                    choose(&answers, |node| node_addr(node, self.settings.config.tls()).to_string() == current)
+                {
+                    self.follow(answer, "looked up through Sentinel");
+                }
+                true
             }
             Err(err) => {
-                tracing::debug!(%err, %sentinel, master = %node, "cannot connect to the announced Redis master")
+                tracing::debug!(%err, "looking up the Redis master through Sentinel failed; trying again");
+                false
             }
         }
     }
 
-    /// Makes `client` the master when it is another server. A lookup that began at
-    /// generation `seen` is outdated when the master changed meanwhile (an announcement
-    /// came while the Sentinels were asked), and changes nothing.
-    fn move_to(&self, client: Client, seen: Option<u64>, why: &'static str) -> bool {
+    /// Asks the Sentinel at `index`, which announced `node` as the new master, for the
+    /// master's configuration epoch with its address, and follows its answer. The
+    /// announcements carry no epoch, and one may come late (a Sentinel that catches up
+    /// announces each switch it learns of): the answer says whether it is newer than the
+    /// master followed. When the Sentinel does not answer, all of them are asked.
+    async fn follow_announcement(&self, index: usize, node: &Node, sentinel: &str) {
+        match self.sentinels.ask(index, lookup_bound(&self.settings.config)).await {
+            Ok(Some(answer)) => {
+                if answer.master != *node {
+                    tracing::debug!(%sentinel, announced = %node, named = %answer.master, "the Sentinel names another Redis master than it announced");
+                }
+                self.follow(&answer, "announced by a Sentinel");
+            }
+            Ok(None) => self.lookups.notify_one(),
+            Err(err) => {
+                tracing::debug!(%err, %sentinel, "the Sentinel that announced a Redis master does not answer; asking all");
+                self.lookups.notify_one();
+            }
+        }
+    }
+
+    /// Moves to the master `answer` names if the Sentinels named it under a higher
+    /// configuration epoch than the master followed now; an answer naming the master
+    /// followed only raises the epoch known for it.
+    fn follow(&self, answer: &Answer, why: &'static str) {
+        let client = match client(node_info(&answer.master, &self.settings.config), self.settings.ca.as_deref()) {
+            Ok(client) => client,
+            Err(err) => {
+                return tracing::debug!(%err, master = %answer.master, "cannot connect to the named Redis master");
+            }
+        };
         let address = address_of(&client);
         self.master.send_if_modified(|master| {
-            if seen.is_some_and(|seen| seen != master.generation) || master.address == address {
+            if master.address == address {
+                master.epoch = master.epoch.max(answer.epoch);
                 return false;
             }
-            tracing::debug!(from = %master.address, to = %address, why, "following the Redis master to another server");
-            *master = Master { generation: master.generation + 1, address, client };
+            if answer.epoch <= master.epoch {
+                tracing::debug!(
+                    followed = %master.address, epoch = master.epoch, named = %address, named_epoch = answer.epoch, why,
+                    "a Sentinel names a Redis master of a configuration no newer than the one followed; staying"
+                );
+                return false;
+            }
+            tracing::debug!(from = %master.address, to = %address, epoch = answer.epoch, why, "following the Redis master to another server");
+            *master = Master { generation: master.generation + 1, address, epoch: answer.epoch, client };
             true
-        })
+        });
     }
+}
+
+/// How long a lookup waits for each Sentinel's answer.
+fn lookup_bound(config: &RedisConfig) -> Duration {
+    config.connect_timeout() / LOOKUP_SHARE
 }
 
 /// Changes of the master a [`SentinelMaster`] follows, or none, for a connection to one
@@ -241,7 +314,11 @@ pub(crate) struct MasterChanges(Option<watch::Receiver<Master>>);
 
 impl std::fmt::Debug for Master {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Master").field("generation", &self.generation).field("address", &self.address).finish()
+        f.debug_struct("Master")
+            .field("generation", &self.generation)
+            .field("address", &self.address)
+            .field("epoch", &self.epoch)
+            .finish()
     }
 }
 
@@ -346,42 +423,9 @@ impl ConnectionLike for SentinelConnection {
     }
 }
 
-/// The Sentinels' client that looks the master up, with the credentials and TLS of
-/// `config` for the Sentinels and for the master.
-fn sentinel_client(
-    config: &RedisConfig,
-    sentinels: &[Node],
-    master: &str,
-    ca: Option<&[u8]>,
-) -> RedisResult<SentinelClient> {
-    let addrs = sentinels.iter().map(|node| node_addr(node, config.tls()));
-    let mut builder =
-        SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?.set_client_to_redis_db(config.db());
-    if let Some(user) = config.user() {
-        builder = builder.set_client_to_redis_username(user);
-    }
-    if let Some(password) = config.password() {
-        builder = builder.set_client_to_redis_password(password);
-    }
-    if let Some(user) = config.sentinel_user() {
-        builder = builder.set_client_to_sentinel_username(user);
-    }
-    if let Some(password) = config.sentinel_password() {
-        builder = builder.set_client_to_sentinel_password(password);
-    }
-    if config.tls() {
-        builder = builder
-            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
-            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
-    }
-    if let (Some(redis), Some(sentinel)) = (certificates(ca), certificates(ca)) {
-        builder = builder.set_client_to_redis_certificates(redis).set_client_to_sentinel_certificates(sentinel);
-    }
-    builder.build()
-}
-
-/// A client per Sentinel, for its announcements: the Sentinels' credentials, no database.
-fn sentinel_subscribers(config: &RedisConfig, sentinels: &[Node], ca: Option<&[u8]>) -> RedisResult<Vec<Client>> {
+/// A client per Sentinel, for lookups and announcements: the Sentinels' credentials and
+/// TLS, no database.
+fn sentinel_clients(config: &RedisConfig, sentinels: &[Node], ca: Option<&[u8]>) -> RedisResult<Vec<Client>> {
     let mut settings = RedisConnectionInfo::default();
     if let Some(user) = config.sentinel_user() {
         settings = settings.set_username(user);
@@ -415,13 +459,27 @@ fn spawn_until_closed(mut closed: watch::Receiver<Master>, task: impl Future<Out
     });
 }
 
-/// Looks the master up each time it is asked to.
+/// Looks the master up each time it is asked to. A lookup that no Sentinel answered is
+/// tried again, with backoff, until one does: what asked for it (an announcement that may
+/// have been missed, a master that stopped answering) still stands.
 async fn look_up_on_request(shared: Weak<Shared>, lookups: Arc<Notify>) {
+    let mut failures = 0u32;
     loop {
-        lookups.notified().await;
-        // Held for one lookup, which the connect timeout bounds.
+        match failures {
+            0 => lookups.notified().await,
+            _ => {
+                tokio::select! {
+                    () = lookups.notified() => {}
+                    () = tokio::time::sleep(backoff(failures - 1)) => {}
+                }
+            }
+        }
+        // Held for one lookup, which a share of the connect timeout bounds.
         let Some(shared) = shared.upgrade() else { return };
-        shared.look_up().await;
+        failures = match shared.look_up().await {
+            true => 0,
+            false => failures.saturating_add(1),
+        };
     }
 }
 
@@ -465,6 +523,8 @@ struct Listener {
     shared: Weak<Shared>,
     lookups: Arc<Notify>,
     sentinel: Client,
+    /// The Sentinel's place in the URL's list.
+    index: usize,
     /// The Sentinel's address, for the logs.
     at: String,
     /// The monitored name of our master.
@@ -491,7 +551,7 @@ impl Listener {
             if self.shared.strong_count() == 0 {
                 return;
             }
-            let delay = RESUBSCRIBE_MIN.saturating_mul(1 << failures.min(6)).min(RESUBSCRIBE_MAX);
+            let delay = backoff(failures);
             failures = failures.saturating_add(1);
             tokio::time::sleep(delay).await;
         }
@@ -514,7 +574,7 @@ impl Listener {
                     let Ok(payload) = message.get_payload::<String>() else { continue };
                     let Some(node) = announced(message.get_channel_name(), &payload, &self.master) else { continue };
                     let Some(shared) = self.shared.upgrade() else { return };
-                    shared.switch_to(&node, &self.at);
+                    shared.follow_announcement(self.index, &node, &self.at).await;
                 }
                 _ = health.tick() => {
                     if !matches!(tokio::time::timeout(self.op_timeout, sink.ping::<Value>()).await, Ok(Ok(_))) {
