@@ -234,23 +234,32 @@
 //! and expiries follow each server's clock). Where a lost lock is unacceptable, keep the
 //! fencing token check in the protected resource, or use RedLock, ZooKeeper or etcd.
 //!
-//! Through Sentinel (`redis+sentinel://`), the client asks the Sentinels for the master
-//! and follows it to a new one. It subscribes on every Sentinel of the URL to the events
-//! that name a new master of its group (`+promoted-slave` from the Sentinel leading a
-//! failover, `+switch-master` from every Sentinel), asks the master for its `ROLE` every
-//! second, and asks the Sentinels again when a command fails in a way that suggests a
-//! failover (a broken connection, `READONLY`, `MASTERDOWN`, `NOREPLICAS`, `LOADING`, also
-//! inside a script). Its command connections and its waiters' pub/sub connection move
-//! together. So a failover that raises no error on the client's connections (the old
-//! master keeps running, and takes writes until the Sentinels demote it seconds later)
-//! moves idle and waiting clients alike to the new master as soon as the Sentinels name
-//! it; list every Sentinel in the URL, since only the leader of a failover announces the
-//! promotion. A client that hears from no Sentinel (cut off from them together with the
-//! old master) still writes to the old master unless it runs with
-//! `min-replicas-to-write`: then two clients can hold one lock (one on each master), with
-//! the same token. Configure `min-replicas-to-write 1` (the old master then answers
-//! `NOREPLICAS`, which sends the client to the Sentinels), and keep the fencing check in
-//! the resource.
+//! Through Sentinel (`redis+sentinel://`), the client asks the Sentinels for the master and
+//! follows it to a new one. It asks every Sentinel of the URL at once, waiting for each at
+//! most a third of the connect timeout (a Sentinel that accepts connections and never
+//! answers, as a frozen host, costs that third and holds up none of the others' answers),
+//! and follows the answer with the highest configuration epoch (from `SENTINEL MASTER`),
+//! passing over answers whose Sentinel sees its master down while another sees its own up:
+//! a Sentinel cut off during a failover, or restarted with an old configuration, names the
+//! old master under the old epoch, even if it answers first or most of them do. The client
+//! never moves to a master of a lower epoch than the one it follows (a Sentinel group
+//! rebuilt from scratch, whose epochs start again at 0, needs its clients reconnected). It
+//! subscribes on every Sentinel of the URL to the events that name a new master of its
+//! group (`+promoted-slave` from the Sentinel leading a failover, `+switch-master` from
+//! every Sentinel; they carry no epoch, so the client asks the Sentinel that announced for
+//! it before it moves), asks the master for its `ROLE` every second, and asks the Sentinels
+//! again when a command fails in a way that suggests a failover (a broken connection,
+//! `READONLY`, `MASTERDOWN`, `NOREPLICAS`, `LOADING`, also inside a script). Its command
+//! connections and its waiters' pub/sub connection move together. So a failover that raises
+//! no error on the client's connections (the old master keeps running, and takes writes
+//! until the Sentinels demote it seconds later) moves idle and waiting clients alike to the
+//! new master as soon as the Sentinels name it; list every Sentinel in the URL, since only
+//! the leader of a failover announces the promotion. A client that hears from no Sentinel
+//! (cut off from them together with the old master) still writes to the old master unless
+//! it runs with `min-replicas-to-write`: then two clients can hold one lock (one on each
+//! master), with the same token. Configure `min-replicas-to-write 1` (the old master then
+//! answers `NOREPLICAS`, which sends the client to the Sentinels), and keep the fencing
+//! check in the resource.
 //!
 //! # Cluster
 //!
