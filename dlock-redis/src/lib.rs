@@ -283,6 +283,14 @@
 //! woken by the release on the new primary within seconds, where the holder's ttl would
 //! have had them wait 30 s; and no node of another shard receives the release's message.
 //!
+//! A `MOVED` or `ASK` answer to a script means the node did not run it (the slot is not
+//! served there, or not yet), so the Cluster client's redirect to the right node is the
+//! script's first run, whatever the script. A call that may have run already (its
+//! connection broke after it was sent) is sent again only as every script here allows:
+//! each is idempotent by its call's id (a grant by its request's field, a release that
+//! finds its grant gone answers so, a stored result by its call id), and an acquire that
+//! is not sent again is given back.
+//!
 //! The ACL user needs `SPUBLISH` and `SSUBSCRIBE` on the lock channels, and `INFO`
 //! (without it, or before Redis 7, the client keeps classic pub/sub: the scripts
 //! `PUBLISH`, which the Cluster sends to every node, and waiters listen on one of the
