@@ -89,6 +89,8 @@ pub struct RedisConfig {
     sentinel_password: Option<String>,
     common: ConnectOptions,
     replica_ack: Option<ReplicaAck>,
+    /// Cluster nodes reached elsewhere than they announce themselves: (announced, reached).
+    node_addresses: Vec<(Node, Node)>,
     /// The application's own client, if it gave one.
     given: Option<Given<redis::Client>>,
 }
@@ -102,6 +104,7 @@ impl fmt::Debug for RedisConfig {
             .field("sentinel_password", &self.sentinel_password.as_ref().map(|_| "<redacted>"))
             .field("common", &self.common)
             .field("replica_ack", &self.replica_ack)
+            .field("node_addresses", &self.node_addresses)
             .field("given_client", &self.given.is_some())
             .finish()
     }
@@ -131,6 +134,7 @@ impl RedisConfig {
             sentinel_password: None,
             common: ConnectOptions::default(),
             replica_ack: None,
+            node_addresses: Vec::new(),
             given: None,
         }
     }
@@ -187,7 +191,9 @@ impl RedisConfig {
     ///
     /// Query options: `connect_timeout`, `op_timeout`, `prefix` (as every backend);
     /// `wait_replicas=N` with `wait_timeout=<duration>` (default 100ms) to demand that N
-    /// replicas acknowledge each grant and renewal; `keep_idle=<duration>`, how long a
+    /// replicas acknowledge each grant and renewal; on a Cluster, `node_address=<announced
+    /// host:port>=<host:port>` (once per node) to reach a node elsewhere than it announces
+    /// itself (see [`with_node_address`](Self::with_node_address)); `keep_idle=<duration>`, how long a
     /// name's fence counter outlives its last use (default an hour, see
     /// [`ConnectConfig::with_keep_idle`]); `tls_ca=<path>`, a PEM file of the CA
     /// certificates to trust instead of the system's (with `rediss`). Unknown options are
@@ -249,6 +255,13 @@ impl RedisConfig {
                 "wait_timeout" => wait_timeout = Some(parse_duration(&value)?),
                 "sentinel_username" => config.sentinel_user = Some(value),
                 "sentinel_password" => config.sentinel_password = Some(value),
+                "node_address" => {
+                    let (announced, reached) = value
+                        .split_once('=')
+                        .ok_or_else(|| bad("node_address must be <announced host:port>=<host:port>"))?;
+                    let node = |text: &str| parse_node(text).map_err(|why| bad(&format!("node_address: {why}")));
+                    config = config.with_node_address(node(announced)?, node(reached)?);
+                }
                 other => return Err(bad(&format!("unknown option {other:?}"))),
             }
         }
@@ -288,6 +301,12 @@ impl RedisConfig {
         self.access.validate("rediss")?;
         if matches!(self.topology, Topology::Cluster(_)) && self.access.db != 0 {
             return bad("a Redis Cluster has only database 0".into());
+        }
+        if !self.node_addresses.is_empty() && !matches!(self.topology, Topology::Cluster(_)) {
+            return bad("node_address applies to the nodes of a Redis Cluster".into());
+        }
+        if self.node_addresses.iter().any(|(a, r)| [a, r].iter().any(|n| n.host.is_empty() || n.port == 0)) {
+            return bad("a node_address has an empty host or port 0".into());
         }
         self.common.validate()?;
         if let Some(ack) = self.replica_ack {
@@ -347,6 +366,47 @@ impl RedisConfig {
     pub fn with_replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_ack = Some(ReplicaAck { replicas, timeout });
         self
+    }
+
+    /// Reaches the Cluster node that announces itself as `announced` (in `CLUSTER SLOTS`
+    /// and in `MOVED` and `ASK` redirections) at `reached` instead, for nodes behind a NAT
+    /// or a port mapping (a Cluster in Docker announces addresses of its own network), or
+    /// whose TLS certificate names a host rather than the IP they announce. Every
+    /// connection the client opens to that node goes to `reached`: commands, `WAIT`, the
+    /// waiters' sharded pub/sub, a seed given as `announced`; the slot map keeps the
+    /// announced addresses, so redirections are still understood. A Cluster only
+    /// ([`validate`](Self::validate) refuses it elsewhere).
+    ///
+    /// ```
+    /// use dlock_redis::{Node, RedisConfig};
+    ///
+    /// let config = RedisConfig::from_url(
+    ///     "redis+cluster://172.18.0.2:6379?node_address=172.18.0.2:6379=127.0.0.1:7000&node_address=172.18.0.3:6379=127.0.0.1:7001",
+    /// )?;
+    /// assert_eq!(config.node_addresses()[1], (Node::new("172.18.0.3", 6379), Node::new("127.0.0.1", 7001)));
+    /// let built = RedisConfig::cluster([Node::new("172.18.0.2", 6379)])
+    ///     .with_node_address(Node::new("172.18.0.2", 6379), Node::new("127.0.0.1", 7000))
+    ///     .with_node_address(Node::new("172.18.0.3", 6379), Node::new("127.0.0.1", 7001));
+    /// assert_eq!(built, config);
+    /// assert!(RedisConfig::single("h", 1).with_node_address(Node::new("a", 1), Node::new("b", 2)).validate().is_err());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn with_node_address(mut self, announced: Node, reached: Node) -> Self {
+        self.node_addresses.retain(|(a, _)| *a != announced);
+        self.node_addresses.push((announced, reached));
+        self
+    }
+
+    /// The Cluster nodes reached elsewhere than they announce themselves: (announced,
+    /// reached).
+    pub fn node_addresses(&self) -> &[(Node, Node)] {
+        &self.node_addresses
+    }
+
+    /// Where the client connects to reach `node`: the address
+    /// [`with_node_address`](Self::with_node_address) gives it, else its own.
+    pub(crate) fn reached_at<'a>(&'a self, node: &'a Node) -> &'a Node {
+        self.node_addresses.iter().find(|(announced, _)| announced == node).map_or(node, |(_, reached)| reached)
     }
 
     /// Where the locks live, without credentials: the scheme, the server (the Cluster's
@@ -484,6 +544,22 @@ enum Kind {
 
 pub(crate) use dlock_core::redact;
 
+/// `host:port` or `[v6]:port`, the port required.
+fn parse_node(text: &str) -> Result<Node, String> {
+    let (host, port) = match text.strip_prefix('[') {
+        Some(rest) => rest.split_once("]:").ok_or_else(|| format!("{text:?} is not [host]:port"))?,
+        None => text
+            .rsplit_once(':')
+            .filter(|(h, _)| !h.contains(':'))
+            .ok_or_else(|| format!("{text:?} is not host:port"))?,
+    };
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| format!("bad port in {text:?}"))?;
+    if host.is_empty() || host.contains(['/', '@', '?', '#', '%', ' ', '\0', '[', ']', '=', ',']) {
+        return Err(format!("bad host in {text:?}"));
+    }
+    Ok(Node::new(host, port))
+}
+
 /// `nodes` as `host:port` in one order, whatever order they were given in.
 pub(crate) fn sorted(nodes: &[Node]) -> String {
     let mut nodes: Vec<String> = nodes.iter().map(ToString::to_string).collect();
@@ -531,6 +607,21 @@ mod tests {
     }
 
     #[test]
+    fn parses_node_addresses() {
+        let c = RedisConfig::from_url("redis+cluster://a:1?node_address=a:1=127.0.0.1:7&node_address=[::1]:2=[::1]:8")
+            .unwrap();
+        assert_eq!(
+            c.node_addresses(),
+            [(Node::new("a", 1), Node::new("127.0.0.1", 7)), (Node::new("::1", 2), Node::new("::1", 8))]
+        );
+        assert_eq!(c.reached_at(&Node::new("::1", 2)), &Node::new("::1", 8));
+        assert_eq!(c.reached_at(&Node::new("b", 1)), &Node::new("b", 1));
+        // Given twice, the last one counts.
+        let c = RedisConfig::from_url("redis+cluster://a:1?node_address=a:1=b:2&node_address=a:1=c:3").unwrap();
+        assert_eq!(c.node_addresses(), [(Node::new("a", 1), Node::new("c", 3))]);
+    }
+
+    #[test]
     fn parses_replica_acknowledgement() {
         let c = RedisConfig::from_url("redis://h?wait_replicas=2&wait_timeout=50ms").unwrap();
         assert_eq!(c.replica_ack(), Some(ReplicaAck { replicas: 2, timeout: Duration::from_millis(50) }));
@@ -566,6 +657,13 @@ mod tests {
             "redis://h?keep_idle=soon",
             "redis://h?tls_ca=/ca.pem",
             "redis://[::1",
+            "redis://h?node_address=a:1=b:2",
+            "redis+sentinel://s/m?node_address=a:1=b:2",
+            "redis+cluster://a:1?node_address=a:1",
+            "redis+cluster://a:1?node_address=a=b:2",
+            "redis+cluster://a:1?node_address=a:1=b:0",
+            "redis+cluster://a:1?node_address=a:1=b:x",
+            "redis+cluster://a:1?node_address=::1:1=b:2",
         ] {
             assert!(matches!(RedisConfig::from_url(url), Err(LockError::InvalidInput(_))), "{url}");
         }

@@ -237,9 +237,9 @@ async fn connect_and_check(config: &RedisConfig, check: bool) -> Result<Connecte
                     // A server that speaks only TLS hangs up on a plaintext client.
                     false => {
                         let instead = "rediss:// (and tls_ca=<pem file> when a private CA signed its certificate)";
-                        dlock_core::tls::plaintext_refused(config.addresses(), instead, TLS_PROBE_TIMEOUT)
-                            .await
-                            .unwrap_or(failed)
+                        let reached: Vec<Node> =
+                            config.addresses().iter().map(|n| config.reached_at(n).clone()).collect();
+                        dlock_core::tls::plaintext_refused(&reached, instead, TLS_PROBE_TIMEOUT).await.unwrap_or(failed)
                     }
                 }
             }
@@ -370,6 +370,19 @@ async fn open(config: &RedisConfig, ca: Option<&[u8]>) -> RedisResult<Connected>
             if let Some(certs) = certificates(ca) {
                 builder = builder.certs(certs);
             }
+            // The nodes the slot map names by their announced addresses, reached where the
+            // config says.
+            if !config.node_addresses().is_empty() {
+                let map = config
+                    .node_addresses()
+                    .iter()
+                    .map(|(announced, reached)| {
+                        let address = |n: &Node| redis::cluster::NodeAddress::new(n.host.clone(), n.port);
+                        (address(announced), address(reached))
+                    })
+                    .collect();
+                builder = builder.node_address_map(map);
+            }
             let mut conn = builder.build()?.get_async_connection().await?;
             // Wake-ups go by sharded pub/sub where the servers speak it: only the shard
             // serving a lock's slot hears its releases, and waiters follow the slot.
@@ -408,7 +421,8 @@ pub(crate) fn node_addr(node: &Node, tls: bool) -> ConnectionAddr {
     }
 }
 
-/// The connection settings of one node: address, TLS, credentials, database.
+/// The connection settings of one node: address (where the config says to reach it),
+/// TLS, credentials, database.
 pub(crate) fn node_info(node: &Node, config: &RedisConfig) -> ConnectionInfo {
     let mut redis = RedisConnectionInfo::default().set_db(config.db());
     if let Some(user) = config.user() {
@@ -417,7 +431,7 @@ pub(crate) fn node_info(node: &Node, config: &RedisConfig) -> ConnectionInfo {
     if let Some(password) = config.password() {
         redis = redis.set_password(password);
     }
-    node_addr(node, config.tls())
+    node_addr(config.reached_at(node), config.tls())
         .into_connection_info()
         .expect("a TCP address always makes connection info")
         .set_redis_settings(redis)

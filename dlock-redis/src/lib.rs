@@ -28,7 +28,9 @@
 //! Query options: `connect_timeout`, `op_timeout`, `prefix` (default `dlock`; no braces),
 //! `wait_replicas` and `wait_timeout` (see below), `keep_idle` (how long a name's fence
 //! counter outlives its last use, default an hour; see below), `tls_ca` (a PEM file of
-//! CAs to trust instead of the system's), `sentinel_username` and `sentinel_password`.
+//! CAs to trust instead of the system's), `sentinel_username` and `sentinel_password`,
+//! and on a Cluster `node_address` (where to reach a node that announces another
+//! address; see [Cluster](#cluster)).
 //! A client's [`target`](dlock_core::Locker::target) names where its locks live, without
 //! credentials (`redis://10.0.0.5:6379/0 prefix dlock`). Every option
 //! has a builder method on [`RedisConfig`] (the first three through [`ConnectConfig`],
@@ -229,7 +231,9 @@
 //! counts as failed (the watchdog retries it until the lease runs out), and an
 //! unacknowledged result fails the store with `QuorumNotReached` but stays on the master
 //! (it was stored under a live hold; a failover may lose it, and then a later run does
-//! the work again). This narrows the window but does not close it: `WAIT` does not make Redis
+//! the work again). On a Cluster, `WAIT` goes in one pipeline with a command on the
+//! lock's key, so it reaches the primary that granted, and counts that primary's
+//! replicas. This narrows the window but does not close it: `WAIT` does not make Redis
 //! strongly consistent (a replica may acknowledge and still not be the one promoted,
 //! and expiries follow each server's clock). Where a lost lock is unacceptable, keep the
 //! fencing token check in the protected resource, or use RedLock, ZooKeeper or etcd.
@@ -290,6 +294,14 @@
 //! each is idempotent by its call's id (a grant by its request's field, a release that
 //! finds its grant gone answers so, a stored result by its call id), and an acquire that
 //! is not sent again is given back.
+//!
+//! Nodes behind a NAT or a port mapping (a Cluster in Docker announces addresses of its
+//! own network) are reached where `node_address=<announced host:port>=<host:port>` says,
+//! once per node ([`RedisConfig::with_node_address`]): every connection to such a node
+//! goes there (commands, `WAIT`, sharded subscriptions, a seed given by its announced
+//! address), while the slot map and redirections keep the announced addresses. A test
+//! reaches every node through a proxy this way, and finds the client cut off from the
+//! Cluster when the proxies cut, while the nodes still serve other clients.
 //!
 //! The ACL user needs `SPUBLISH` and `SSUBSCRIBE` on the lock channels, and `INFO`
 //! (without it, or before Redis 7, the client keeps classic pub/sub: the scripts

@@ -425,3 +425,62 @@ async fn wake_ups_stay_in_the_shard_that_serves_the_lock() {
     })
     .await;
 }
+
+/// A client told to reach every node at a fault proxy of its own (`node_address`, as a
+/// Cluster behind a NAT is reached) goes through the proxies for everything: its seed,
+/// the nodes the slot map names, and its waiters' sharded subscription, so a release
+/// wakes its waiter through them; with every proxy cut, it reaches no node, while a
+/// client that dials the nodes as they announce themselves still gets the lock; healed,
+/// it gets the lock again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reaches_each_node_where_its_node_address_says() {
+    use dlock_conformance::Fault;
+    use dlock_testkit::proxy::FaultProxy;
+
+    let cluster =
+        tokio::task::spawn_blocking(|| RedisCluster::start(3)).await.unwrap().expect("start a 3-master cluster");
+    let mut proxies = Vec::new();
+    for addr in cluster.addrs() {
+        proxies.push(FaultProxy::start(addr).await.unwrap());
+    }
+    let map: Vec<String> = cluster
+        .addrs()
+        .iter()
+        .zip(&proxies)
+        .map(|(node, proxy)| format!("node_address={node}={}", proxy.addr()))
+        .collect();
+    // The seed is a node's own address: the map sends it to the proxy too.
+    let url = format!("redis+cluster://{}?{}", cluster.addrs()[0], map.join("&"));
+    let config = client_config(&url).with_op_timeout(Duration::from_secs(2));
+    let mapped = dlock_redis::connect(config).await.unwrap();
+    let direct = dlock_redis::connect(client_config(&cluster.url())).await.unwrap();
+    let name = LockName::new("cluster/mapped").unwrap();
+    let keys = KeyLayout::new("dlock").unwrap().lock(&name);
+    let owner = cluster.addrs()[cluster.owner(cluster.slot_of(&keys.hold).unwrap()).unwrap()];
+
+    let lease = direct.acquire(&name, &LockOptions::watchdog(Duration::from_secs(30))).await.unwrap();
+    let waiter = wait_for(&mapped, &name);
+    eventually("the waiter listens on the slot's primary", Duration::from_secs(10), || async {
+        mapped.stats().waiting == 1 && shard_subscribers(owner, &keys.channel) == 1
+    })
+    .await;
+    hand_over(lease, vec![waiter]).await;
+
+    proxies.iter().for_each(|proxy| proxy.set_fault(Fault::Cut));
+    let opts = LockOptions::watchdog(Duration::from_secs(30));
+    match mapped.try_acquire(&name, &opts).await {
+        Err(_) => {}
+        Ok(got) => panic!("a client whose every way to the nodes is cut got an answer: {:?}", got.map(|l| l.token())),
+    }
+    let lease = direct.try_acquire(&name, &opts).await.unwrap().expect("the nodes are up");
+    lease.release().await.unwrap();
+
+    proxies.iter().for_each(|proxy| proxy.set_fault(Fault::None));
+    eventually("the client reaches the nodes again once healed", Duration::from_secs(10), || async {
+        match mapped.try_acquire(&name, &opts).await {
+            Ok(Some(lease)) => lease.release().await.is_ok(),
+            _ => false,
+        }
+    })
+    .await;
+}
