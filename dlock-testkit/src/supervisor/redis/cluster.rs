@@ -27,7 +27,7 @@ impl RedisGroup<Cluster> {
     /// 16384 slots over them with `redis-cli --cluster create`, and waits until every
     /// node reports the cluster as ok.
     pub fn start(masters: usize) -> io::Result<Self> {
-        Self::start_nodes(masters, 0, NODE_TIMEOUT)
+        Self::start_nodes(masters, 0, NODE_TIMEOUT, false)
     }
 
     /// Starts a cluster of `masters` primaries (at least 3) with `replicas` replicas each,
@@ -35,13 +35,23 @@ impl RedisGroup<Cluster> {
     /// with its primary. The node timeout is short (1 s), so that a primary killed is
     /// failed over to its replica within seconds.
     pub fn start_with_replicas(masters: usize, replicas: usize) -> io::Result<Self> {
-        Self::start_nodes(masters, replicas, FAILOVER_NODE_TIMEOUT)
+        Self::start_nodes(masters, replicas, FAILOVER_NODE_TIMEOUT, false)
     }
 
-    fn start_nodes(masters: usize, replicas: usize, node_timeout: Duration) -> io::Result<Self> {
+    /// As [`start_with_replicas`](Self::start_with_replicas), with every node keeping an
+    /// append-only file synced on every write. Without it a primary killed and started
+    /// again before its replica is promoted comes back empty and still serving its slots
+    /// (and its replica then copies the empty data set); with it, the node comes back with
+    /// every write it acknowledged.
+    pub fn start_persistent_with_replicas(masters: usize, replicas: usize) -> io::Result<Self> {
+        Self::start_nodes(masters, replicas, FAILOVER_NODE_TIMEOUT, true)
+    }
+
+    fn start_nodes(masters: usize, replicas: usize, node_timeout: Duration, persistent: bool) -> io::Result<Self> {
         let count = masters * (1 + replicas);
         let started: Vec<io::Result<RedisServer>> = std::thread::scope(|scope| {
-            let starts: Vec<_> = (0..count).map(|_| scope.spawn(|| start_cluster_node(node_timeout))).collect();
+            let starts: Vec<_> =
+                (0..count).map(|_| scope.spawn(|| start_cluster_node(node_timeout, persistent))).collect();
             starts
                 .into_iter()
                 .map(|start| start.join().unwrap_or_else(|_| Err(io::Error::other("a node start panicked"))))
@@ -54,13 +64,23 @@ impl RedisGroup<Cluster> {
         let args: Vec<&str> = create.iter().map(String::as_str).collect();
         cli(nodes[0].addr(), &args)?;
         let cluster = Self::of(nodes);
-        for node in cluster.nodes() {
+        cluster.wait_until_whole(replicas)?;
+        Ok(cluster)
+    }
+
+    /// Waits until the cluster is whole again (after a node was killed and started again,
+    /// a failover, a slot moved): every node answers and reports the cluster as ok, sees
+    /// every primary and every replica (`replicas` per primary) and none of them failed,
+    /// and every replica's link to its primary is up (its sync done).
+    pub fn wait_until_whole(&self, replicas: usize) -> io::Result<()> {
+        let masters = self.addrs().len() / (1 + replicas);
+        for node in self.nodes() {
             wait_until(AGREEMENT_TIMEOUT, "the cluster state is ok", || {
                 Ok(cli(node.addr(), &["CLUSTER", "INFO"])?.contains("cluster_state:ok"))
             })?;
         }
         wait_until(AGREEMENT_TIMEOUT, "every node knows every primary and replica", || {
-            Ok(cluster.addrs().iter().all(|addr| {
+            Ok(self.addrs().iter().all(|addr| {
                 view(*addr).is_ok_and(|nodes| {
                     nodes.iter().filter(|n| n.primary && !n.failed).count() == masters
                         && nodes.iter().filter(|n| !n.primary && !n.failed).count() == masters * replicas
@@ -68,12 +88,11 @@ impl RedisGroup<Cluster> {
             }))
         })?;
         wait_until(AGREEMENT_TIMEOUT, "every replica is in sync with its primary", || {
-            Ok(cluster.addrs().iter().all(|addr| {
+            Ok(self.addrs().iter().all(|addr| {
                 cli(*addr, &["INFO", "replication"])
                     .is_ok_and(|info| info.contains("role:master") || info.contains("master_link_status:up"))
             }))
-        })?;
-        Ok(cluster)
+        })
     }
 
     /// The index of the node at `addr`.
@@ -244,11 +263,11 @@ impl RedisGroup<Cluster> {
 /// or out of range); a start that loses a port race is retried with fresh ports. The
 /// nodes serve their slots while another is down (`cluster-require-full-coverage no`),
 /// as a production cluster whose failed primary has a replica to promote would.
-fn start_cluster_node(node_timeout: Duration) -> io::Result<RedisServer> {
+fn start_cluster_node(node_timeout: Duration, persistent: bool) -> io::Result<RedisServer> {
     retry(5, || {
         let bus = free_port()?;
         let config = RedisConfig {
-            persistent: false,
+            persistent,
             extra_args: [
                 "--cluster-enabled",
                 "yes",
