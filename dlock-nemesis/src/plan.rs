@@ -19,6 +19,11 @@ pub(crate) enum Act {
     Partition { server: usize },
     /// A server's clock jumps forward by the step's length, at once.
     ClockJump { server: usize },
+    /// A Cluster failover by hand: a replica takes over from its primary (`server` is the
+    /// replica, or the primary whose replica takes over).
+    Failover { server: usize },
+    /// The lock's slot moves to another primary (the first from `server` on).
+    Migrate { server: usize },
     /// The run's mutant strikes the servers once (`--mutant evict` or `fence-reset`).
     Mutate,
 }
@@ -40,6 +45,8 @@ impl Act {
             Act::Kill { count, .. } => Act::Kill { server: target, count },
             Act::Partition { .. } => Act::Partition { server: target },
             Act::ClockJump { .. } => Act::ClockJump { server: target },
+            Act::Failover { .. } => Act::Failover { server: target },
+            Act::Migrate { .. } => Act::Migrate { server: target },
             Act::Mutate => Act::Mutate,
         }
     }
@@ -53,6 +60,8 @@ impl Act {
             Act::Kill { .. } => "kill_quorum",
             Act::Partition { .. } => "partition",
             Act::ClockJump { .. } => "clock_jump",
+            Act::Failover { .. } => "failover",
+            Act::Migrate { .. } => "migration",
             Act::Mutate => "mutant",
         }
     }
@@ -67,6 +76,8 @@ impl fmt::Display for Act {
             Act::Kill { server, count } => write!(f, "kill {count} servers from server {server} on"),
             Act::Partition { server } => write!(f, "partition server {server} from the others"),
             Act::ClockJump { server } => write!(f, "jump server {server}'s clock forward"),
+            Act::Failover { server } => write!(f, "fail server {server} or its primary over to its replica"),
+            Act::Migrate { server } => write!(f, "move the lock's slot to a primary from server {server} on"),
             Act::Mutate => write!(f, "the mutant strikes"),
         }
     }
@@ -97,6 +108,8 @@ pub(crate) struct Scope {
     pub(crate) partitions: bool,
     /// Whether a server's clock can jump.
     pub(crate) clock_jumps: bool,
+    /// Whether primaries can be failed over and the lock's slot moved (a Cluster).
+    pub(crate) slot_moves: bool,
     /// How many servers must go down together for the quorum to be lost, where a
     /// quorum is what the backend needs (RedLock's masters, a cluster's majority).
     pub(crate) quorum_loss: Option<usize>,
@@ -141,17 +154,23 @@ pub(crate) fn schedule(seed: u64, scope: Scope, duration: Duration) -> Vec<Step>
         };
         // One server fault in three has a client fault played during it.
         let with = match act {
-            Act::Kill { .. } | Act::Partition { .. } if rng.u32(..3) == 0 => Some(if scope.links && rng.bool() {
-                Act::Link { client, fault: link_fault(&mut rng, ttl) }
-            } else {
-                Act::Pause { client }
-            }),
+            Act::Kill { .. } | Act::Partition { .. } | Act::Failover { .. } | Act::Migrate { .. }
+                if rng.u32(..3) == 0 =>
+            {
+                Some(if scope.links && rng.bool() {
+                    Act::Link { client, fault: link_fault(&mut rng, ttl) }
+                } else {
+                    Act::Pause { client }
+                })
+            }
             _ => None,
         };
         let length = match act {
             Act::Pause { .. } => span(&mut rng, 0.5, 2.0),
             Act::Link { .. } => span(&mut rng, 0.5, 2.0),
             Act::Kill { .. } => span(&mut rng, 0.1, 1.0),
+            // After the failover or the move, done when the step begins.
+            Act::Failover { .. } | Act::Migrate { .. } => span(&mut rng, 0.1, 1.0),
             Act::Partition { .. } => span(&mut rng, 0.5, 2.0),
             // Past the expiry of every hold the server keeps.
             Act::ClockJump { .. } => span(&mut rng, 1.0, 2.0),
@@ -178,14 +197,22 @@ fn link_fault(rng: &mut fastrand::Rng, ttl: Duration) -> Fault {
 }
 
 /// Where servers can be partitioned, half the server faults are partitions; where
-/// clocks can jump, half of the rest are jumps; the rest are kills, one in four of them
-/// of enough servers to lose the quorum.
+/// clocks can jump, half of the rest are jumps; on a Cluster, a third of the rest are
+/// failovers and a third moves of the lock's slot; the rest are kills, one in four of
+/// them of enough servers to lose the quorum.
 fn server_fault(rng: &mut fastrand::Rng, scope: Scope, server: usize) -> Act {
     if scope.partitions && rng.bool() {
         return Act::Partition { server };
     }
     if scope.clock_jumps && rng.bool() {
         return Act::ClockJump { server };
+    }
+    if scope.slot_moves {
+        match rng.u32(..3) {
+            0 => return Act::Failover { server },
+            1 => return Act::Migrate { server },
+            _ => {}
+        }
     }
     match scope.quorum_loss {
         Some(count) if rng.u32(..4) == 0 => Act::Kill { server, count },
@@ -203,6 +230,7 @@ mod tests {
         links: true,
         partitions: false,
         clock_jumps: false,
+        slot_moves: false,
         quorum_loss: None,
         mutant_strikes: false,
         ttl: Duration::from_secs(1),
@@ -229,6 +257,20 @@ mod tests {
         let jumped = |scope| schedule(3, scope, hour).iter().any(|s| matches!(s.act, Act::ClockJump { .. }));
         assert!(!jumped(Scope { servers: 5, partitions: true, ..SCOPE }));
         assert!(jumped(Scope { servers: 5, clock_jumps: true, ..SCOPE }));
+    }
+
+    #[test]
+    fn failovers_and_slot_moves_are_drawn_only_on_a_cluster_beside_kills() {
+        let hour = Duration::from_secs(3600);
+        let kinds = |scope| {
+            let steps = schedule(3, scope, hour);
+            let count = |kind| steps.iter().filter(|s| s.act.kind() == kind).count();
+            (count("failover"), count("migration"), count("kill"))
+        };
+        let (failovers, moves, _) = kinds(Scope { servers: 6, ..SCOPE });
+        assert_eq!((failovers, moves), (0, 0));
+        let (failovers, moves, kills) = kinds(Scope { servers: 6, slot_moves: true, ..SCOPE });
+        assert!(failovers > 10 && moves > 10 && kills > 10, "{failovers} {moves} {kills}");
     }
 
     #[test]
@@ -271,7 +313,11 @@ mod tests {
     impl Step {
         fn act_server(&self) -> usize {
             match self.act {
-                Act::Kill { server, .. } | Act::Partition { server } | Act::ClockJump { server } => server,
+                Act::Kill { server, .. }
+                | Act::Partition { server }
+                | Act::ClockJump { server }
+                | Act::Failover { server }
+                | Act::Migrate { server } => server,
                 _ => usize::MAX,
             }
         }

@@ -91,6 +91,7 @@ pub(crate) async fn run(args: &RunArgs) -> Result<(Verdict, String), BoxError> {
         links: !servers.is_empty(),
         partitions: topology.partitions(),
         clock_jumps: topology.clock_jumps(),
+        slot_moves: topology.slot_moves(),
         quorum_loss: topology.quorum_loss(),
         mutant_strikes: matches!(args.mutant, Some(Mutant::Evict | Mutant::FenceReset)),
         ttl: args.ttl,
@@ -102,8 +103,18 @@ pub(crate) async fn run(args: &RunArgs) -> Result<(Verdict, String), BoxError> {
             break;
         }
         tokio::time::sleep(step.gap).await;
-        let mut acts = vec![step.act];
-        acts.extend(step.with);
+        // A failover, a slot move or the kill of a Cluster primary (which waits for its
+        // replica's promotion) is done by the time it returns: a client fault during it
+        // begins first.
+        let blocks = match step.act {
+            Act::Failover { .. } | Act::Migrate { .. } => true,
+            Act::Kill { .. } => topology.slot_moves(),
+            _ => false,
+        };
+        let mut acts: Vec<Act> = match blocks {
+            true => step.with.into_iter().chain([step.act]).collect(),
+            false => [step.act].into_iter().chain(step.with).collect(),
+        };
         if step.aim {
             let holder = match step.act.client() {
                 // A fault aimed at the holder waits (a little) for a client that holds
@@ -142,6 +153,10 @@ pub(crate) async fn run(args: &RunArgs) -> Result<(Verdict, String), BoxError> {
                 eprintln!("  healing {act} failed: {err}");
                 *began = Err(format!("healing failed: {err}"));
             }
+        }
+        if topology.slot_moves() && step.act.client().is_none() {
+            let owner = tokio::task::block_in_place(|| topology.leader());
+            eprintln!("  the lock's slot is served by server {}", owner.map_or("(none)".into(), |o| o.to_string()));
         }
         let to = crate::clock::since(epoch_ns);
         timeline.extend(played.into_iter().map(|(act, result)| Played { act, from, to, failed: result.err() }));
@@ -232,10 +247,12 @@ async fn begin(
         Act::Pause { client } => children[client].pause()?,
         Act::Link { client, fault } => proxies[client].iter().for_each(|p| p.set_fault(fault)),
         Act::Kill { server, count } => {
-            tokio::task::block_in_place(|| (0..count).for_each(|k| topology.kill((server + k) % servers)));
+            tokio::task::block_in_place(|| (0..count).try_for_each(|k| topology.kill((server + k) % servers)))?;
         }
         Act::Partition { server } => tokio::task::block_in_place(|| topology.isolate(server))?,
         Act::ClockJump { server } => tokio::task::block_in_place(|| topology.jump(server, length))?,
+        Act::Failover { server } => tokio::task::block_in_place(|| topology.fail_over(server))?,
+        Act::Migrate { server } => tokio::task::block_in_place(|| topology.migrate(server))?,
         Act::Mutate => match mutant {
             Some(mutant) => strike::strike(mutant, topology).await?,
             None => return Err("no mutant to strike".into()),
@@ -259,7 +276,7 @@ fn end(
             tokio::task::block_in_place(|| (0..count).try_for_each(|k| topology.start_again((server + k) % servers)))?
         }
         Act::Partition { .. } => tokio::task::block_in_place(|| topology.heal()),
-        Act::ClockJump { .. } | Act::Mutate => {}
+        Act::ClockJump { .. } | Act::Failover { .. } | Act::Migrate { .. } | Act::Mutate => {}
     }
     Ok(())
 }

@@ -13,7 +13,10 @@ use crate::topology::Topology;
 
 /// Whether `mutant` can be played on `topology`, and if not, why.
 pub(crate) fn applies(mutant: Mutant, topology: &Topology) -> Result<(), String> {
-    let redis = matches!(topology, Topology::Redis(_) | Topology::Sentinel { .. } | Topology::RedLock { .. });
+    let redis = matches!(
+        topology,
+        Topology::Redis(_) | Topology::Sentinel { .. } | Topology::RedLock { .. } | Topology::Cluster { .. }
+    );
     let sql = matches!(topology, Topology::Sqlite { .. } | Topology::Postgres(_) | Topology::MariaDb(_));
     // An advisory lock lives as long as its session: there is nothing to renew. Its
     // token is a counter in a row of its own table, not played here.
@@ -44,14 +47,20 @@ pub(crate) async fn strike(mutant: Mutant, topology: &Topology) -> io::Result<()
     let name = LockName::new(LOCK).map_err(io::Error::other)?;
     let url = topology.url(&topology.endpoints());
     match topology {
-        Topology::Redis(_) | Topology::Sentinel { .. } | Topology::RedLock { .. } => {
+        Topology::Redis(_) | Topology::Sentinel { .. } | Topology::RedLock { .. } | Topology::Cluster { .. } => {
             let prefix = match topology {
                 Topology::RedLock { .. } => dlock::redis::RedLockConfig::from_url(&url).map(|c| c.prefix().to_string()),
                 _ => dlock::redis::RedisConfig::from_url(&url).map(|c| c.prefix().to_string()),
             };
             let keys =
                 dlock::redis::KeyLayout::new(&prefix.map_err(io::Error::other)?).map_err(io::Error::other)?.lock(&name);
-            let servers = topology.servers_direct();
+            let servers = match topology {
+                // The primary serving the lock's slot now: the others answer MOVED.
+                Topology::Cluster { cluster, slot, .. } => {
+                    vec![cluster.addrs()[tokio::task::block_in_place(|| cluster.owner(*slot))?]]
+                }
+                _ => topology.servers_direct(),
+            };
             // On RedLock, a quorum of masters must forget the hold for anyone else to
             // get one; a counter is set back on every master.
             let (servers, args): (&[_], Vec<&str>) = match mutant {
@@ -76,6 +85,12 @@ pub(crate) async fn strike(mutant: Mutant, topology: &Topology) -> io::Result<()
         Topology::Etcd(_) | Topology::EtcdCluster(_) => etcd_evict(&url, &name).await,
         Topology::External(_) => Err(io::Error::other("a mutant cannot strike a backend the run did not start")),
     }
+}
+
+/// The keys of the run's lock on a Redis deployment that `url` names (by its prefix).
+pub(crate) fn lock_keys(url: &str) -> Result<dlock::redis::LockKeys, dlock::LockError> {
+    let config = dlock::redis::RedisConfig::from_url(url)?;
+    Ok(dlock::redis::KeyLayout::new(config.prefix())?.lock(&LockName::new(LOCK)?))
 }
 
 async fn sql(mutant: Mutant, url: &str, name: &LockName) -> io::Result<()> {

@@ -11,7 +11,7 @@ use crate::skew::{self, FastClock};
 use dlock_testkit::supervisor::etcd::{EtcdCluster, EtcdConfig, EtcdServer};
 use dlock_testkit::supervisor::mariadb::MariaDbServer;
 use dlock_testkit::supervisor::postgres::PostgresServer;
-use dlock_testkit::supervisor::redis::{RedisConfig, RedisMasters, RedisServer, SentinelGroup};
+use dlock_testkit::supervisor::redis::{RedisCluster, RedisConfig, RedisMasters, RedisServer, SentinelGroup};
 use dlock_testkit::supervisor::zookeeper::{ZooKeeperConfig, ZooKeeperEnsemble, ZooKeeperServer};
 
 /// The topologies `--topology` names.
@@ -25,11 +25,16 @@ pub(crate) const NAMES: &[&str] = &[
     "redlock",
     "redlock-volatile",
     "redis-sentinel-async",
+    "redis-cluster",
+    "redis-cluster-async",
     "zk",
     "zk-ensemble",
     "etcd",
     "etcd-cluster",
 ];
+
+/// The replicas of each primary of a Cluster.
+const CLUSTER_REPLICAS: usize = 1;
 
 /// The RedLock master whose clock runs fast, and how fast.
 const FAST_MASTER: usize = 2;
@@ -64,6 +69,18 @@ pub(crate) enum Topology {
         durable: bool,
         /// Kept running for as long as the run.
         _fast: FastClock,
+    },
+    /// Three primaries with a replica each, every node keeping an append-only file synced
+    /// on every write. Each client reaches every node through a proxy of its own: its URL
+    /// tells it where each node the Cluster announces is reached (`node_address`), so a
+    /// fault on a client's links hits its commands, `WAIT`s and sharded subscriptions on
+    /// every node alike. Unless `acked` is false, clients ask the replica's
+    /// acknowledgement of every grant and renewal (`wait_replicas=1`).
+    Cluster {
+        cluster: RedisCluster,
+        /// The slot of the lock's keys.
+        slot: u16,
+        acked: bool,
     },
     ZooKeeper(ZooKeeperServer),
     /// Three ZooKeeper members whose links to each other go through fault proxies;
@@ -105,6 +122,12 @@ impl Topology {
             "postgres-advisory" => Topology::PostgresAdvisory(PostgresServer::start(300)?),
             "mariadb" => Topology::MariaDb(MariaDbServer::start(300)?),
             "redis" => Topology::Redis(RedisServer::start(&persistent)?),
+            "redis-cluster" | "redis-cluster-async" => {
+                let cluster = RedisCluster::start_persistent_with_replicas(3, CLUSTER_REPLICAS)?;
+                let hold = crate::strike::lock_keys(&cluster.url()).map_err(io::Error::other)?.hold;
+                let slot = cluster.slot_of(&hold)?;
+                Topology::Cluster { cluster, slot, acked: name == "redis-cluster" }
+            }
             "redlock" | "redlock-volatile" => {
                 let durable = name == "redlock";
                 let config = if durable { persistent } else { RedisConfig::default() };
@@ -138,6 +161,7 @@ impl Topology {
             Topology::Redis(s) => vec![s.addr()],
             Topology::Sentinel { group, .. } => group.sentinel_addrs(),
             Topology::RedLock { masters: s, .. } => s.addrs(),
+            Topology::Cluster { cluster, .. } => cluster.addrs(),
             Topology::ZooKeeper(s) => vec![s.addr()],
             Topology::ZkEnsemble(e) => (0..e.size()).map(|i| e.addr(i)).collect(),
             Topology::Etcd(s) => vec![s.addr()],
@@ -189,6 +213,7 @@ impl Topology {
             Topology::ZkEnsemble(e) => e.leader(),
             Topology::EtcdCluster(c) => c.leader(),
             Topology::Sentinel { group, .. } => group.master(),
+            Topology::Cluster { cluster, slot, .. } => cluster.owner(*slot).ok(),
             _ => None,
         }
     }
@@ -203,6 +228,9 @@ impl Topology {
             Topology::Sentinel { acked: false, .. } => {
                 Some("a Sentinel failover without wait_replicas may promote a replica that never saw a grant")
             }
+            Topology::Cluster { acked: false, .. } => {
+                Some("a Cluster primary killed without wait_replicas may leave its slots to a replica that never saw a grant")
+            }
             _ => None,
         }
     }
@@ -215,6 +243,7 @@ impl Topology {
             Topology::Redis(s) => vec![s.addr()],
             Topology::Sentinel { group, .. } => group.server_addrs(),
             Topology::RedLock { masters, .. } => masters.addrs(),
+            Topology::Cluster { cluster, .. } => cluster.addrs(),
             _ => return Err(io::Error::other("the half-ttl mutant needs a Redis topology")),
         };
         addrs.into_iter().map(|addr| FastClock::start(addr, 2.0)).collect()
@@ -252,14 +281,34 @@ impl Topology {
                 format!("redis+sentinel://{}/{}?wait_replicas=1&wait_timeout=250ms", joined(), group.name())
             }
             Topology::Sentinel { group, acked: false } => format!("redis+sentinel://{}/{}", joined(), group.name()),
+            Topology::Cluster { cluster, acked, .. } => {
+                // The seeds are the nodes themselves, each reached at the client's proxy.
+                let nodes = cluster.addrs();
+                let mut options: Vec<String> = nodes
+                    .iter()
+                    .zip(addrs)
+                    .filter(|(node, reached)| node != reached)
+                    .map(|(node, reached)| format!("node_address={node}={reached}"))
+                    .collect();
+                if *acked {
+                    options.push("wait_replicas=1&wait_timeout=250ms".into());
+                }
+                let seeds = nodes.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(",");
+                match options.is_empty() {
+                    true => format!("redis+cluster://{seeds}"),
+                    false => format!("redis+cluster://{seeds}?{}", options.join("&")),
+                }
+            }
             Topology::RedLock { .. } => format!("redlock://{}", joined()),
             Topology::ZooKeeper(_) | Topology::ZkEnsemble(_) => format!("zk://{}", joined()),
             Topology::Etcd(_) | Topology::EtcdCluster(_) => format!("etcd://{}", joined()),
         }
     }
 
-    /// kill -9 of server `i`.
-    pub(crate) fn kill(&mut self, i: usize) {
+    /// kill -9 of server `i`. A Cluster primary that has a replica stays down until the
+    /// replica is promoted (a second or two past the node timeout), so that each kill of a
+    /// primary is a failover in which the replica has only what it was sent.
+    pub(crate) fn kill(&mut self, i: usize) -> io::Result<()> {
         match self {
             Topology::External(_) | Topology::Sqlite { .. } => {}
             Topology::Postgres(s) | Topology::PostgresAdvisory(s) => s.kill(),
@@ -267,14 +316,23 @@ impl Topology {
             Topology::Redis(s) => s.kill(),
             Topology::Sentinel { group, .. } => group.kill(i),
             Topology::RedLock { masters: s, .. } => s.kill(i),
+            Topology::Cluster { cluster, .. } => {
+                if cluster.primaries()?.contains(&i) && !cluster.replicas_of(i)?.is_empty() {
+                    cluster.kill_primary(i)?;
+                } else {
+                    cluster.kill(i);
+                }
+            }
             Topology::ZooKeeper(s) => s.kill(),
             Topology::ZkEnsemble(e) => e.kill(i),
             Topology::Etcd(s) => s.kill(),
             Topology::EtcdCluster(c) => c.member(i).kill(),
         }
+        Ok(())
     }
 
-    /// Starts server `i` again on its data, and waits until it serves.
+    /// Starts server `i` again on its data, and waits until it serves (a Cluster node:
+    /// until the Cluster is whole again, the node known to every other and in sync).
     pub(crate) fn start_again(&mut self, i: usize) -> io::Result<()> {
         match self {
             Topology::External(_) | Topology::Sqlite { .. } => Ok(()),
@@ -283,11 +341,53 @@ impl Topology {
             Topology::Redis(s) => s.start_again(),
             Topology::Sentinel { group, .. } => group.start_again(i),
             Topology::RedLock { masters: s, .. } => s.start_again(i),
+            Topology::Cluster { cluster, .. } => {
+                cluster.start_again(i)?;
+                cluster.wait_until_whole(CLUSTER_REPLICAS)
+            }
             Topology::ZooKeeper(s) => s.start_again(),
             Topology::ZkEnsemble(e) => e.start_again(i),
             Topology::Etcd(s) => s.start_again(),
             Topology::EtcdCluster(c) => c.member(i).start_again(),
         }
+    }
+
+    /// Whether a primary can be failed over to its replica ([`fail_over`](Self::fail_over))
+    /// and the lock's slot moved to another primary ([`migrate`](Self::migrate)).
+    pub(crate) fn slot_moves(&self) -> bool {
+        matches!(self, Topology::Cluster { .. })
+    }
+
+    /// A failover by hand (`CLUSTER FAILOVER` on the replica): server `i` takes over its
+    /// primary's slots if it is a replica; if it is a primary, its replica takes over
+    /// from it. Returns once every node sees the new primary and the Cluster is whole
+    /// (the old primary a replica of the new one, in sync).
+    pub(crate) fn fail_over(&mut self, i: usize) -> io::Result<()> {
+        let Topology::Cluster { cluster, .. } = self else { return Ok(()) };
+        let primaries = cluster.primaries()?;
+        let primary = match primaries.contains(&i) {
+            true => i,
+            false => *primaries
+                .iter()
+                .find(|p| cluster.replicas_of(**p).is_ok_and(|r| r.contains(&i)))
+                .ok_or_else(|| io::Error::other(format!("node {i} is neither a primary nor a replica")))?,
+        };
+        cluster.fail_over(primary)?;
+        cluster.wait_until_whole(CLUSTER_REPLICAS)
+    }
+
+    /// Moves the lock's slot (its keys with it) to another primary: the first at or after
+    /// server `i` in the order of the servers (wrapping) that does not serve it now.
+    pub(crate) fn migrate(&mut self, i: usize) -> io::Result<()> {
+        let Topology::Cluster { cluster, slot, .. } = self else { return Ok(()) };
+        let owner = cluster.owner(*slot)?;
+        let primaries = cluster.primaries()?;
+        let count = cluster.addrs().len();
+        let to = (0..count)
+            .map(|k| (i + k) % count)
+            .find(|n| *n != owner && primaries.contains(n))
+            .ok_or_else(|| io::Error::other("no other primary to move the lock's slot to"))?;
+        cluster.migrate_slot(*slot, to)
     }
 
     /// Whether servers can be cut off from each other ([`isolate`](Self::isolate)).

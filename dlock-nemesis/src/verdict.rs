@@ -312,9 +312,10 @@ impl Verdict {
         regressions.chain(stale).chain(claims).chain(work).min()
     }
 
-    /// Faults played on the servers (kills, partitions, clock jumps), not failed.
+    /// Faults played on the servers (kills, partitions, clock jumps, failovers, slot
+    /// moves), not failed.
     pub(crate) fn server_faults(&self) -> usize {
-        ["kill", "kill_quorum", "partition", "clock_jump"]
+        ["kill", "kill_quorum", "partition", "clock_jump", "failover", "migration"]
             .iter()
             .filter_map(|kind| self.faults.get(kind))
             .map(|(played, failed)| played - failed)

@@ -90,6 +90,14 @@ fn redis_sentinel() {
     run_for("redis-sentinel", "30s", &[]);
 }
 
+/// Failovers by hand, kills (a primary's replica then promoted), and moves of the
+/// lock's slot, with `wait_replicas=1`; client link faults reach every node through the
+/// client's own proxies.
+#[test]
+fn redis_cluster() {
+    short_run("redis-cluster", &[]);
+}
+
 #[test]
 fn readers_and_writers_on_redis() {
     short_run("redis", &["--mode", "rw"]);
